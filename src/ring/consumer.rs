@@ -1,0 +1,671 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The consumer's end: maps the ring read-only, takes frames from its delivery queue and gives
+//! them back through its release queue. Every value read from shared memory is checked before
+//! it is used: a buggy or hostile producer yields an error, never a crash.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+use std::sync::Mutex;
+
+use memmap2::{Mmap, MmapMut};
+
+use super::layout::*;
+use super::producer::{Base, Entry, FrameMeta};
+use super::{shm, Error, Result};
+
+/// A ring mapped read-only.
+pub struct ConsumerRing {
+    _map: Mmap,
+    base: Base,
+    geom: RingGeometry,
+    ring_gen: u32,
+}
+
+impl ConsumerRing {
+    /// Maps and validates a ring announced by a `Ring` message.
+    pub fn open(
+        fd: OwnedFd,
+        ring_gen: u32,
+        slot_count: u32,
+        slot_size: u64,
+        total_size: u64,
+    ) -> Result<Self> {
+        if total_size > (MAX_SLOTS as u64 + 1) * (MAX_SLOT_SIZE + 1) {
+            return Err(Error::protocol(format!(
+                "ring of {total_size} bytes is larger than any valid ring"
+            )));
+        }
+        shm::check_sealed_memfd(fd.as_fd(), total_size, "ring")?;
+        let map = shm::map_ro(&fd, total_size)?;
+        let base = Base(
+            NonNull::new(map.as_ptr() as *mut u8).ok_or_else(|| Error::corrupt("null mapping"))?,
+        );
+        Self::validate(base, total_size, ring_gen, slot_count, slot_size).map(|geom| Self {
+            _map: map,
+            base,
+            geom,
+            ring_gen,
+        })
+    }
+
+    fn validate(
+        base: Base,
+        len: u64,
+        ring_gen: u32,
+        slot_count: u32,
+        slot_size: u64,
+    ) -> Result<RingGeometry> {
+        if len < RING_HEADER_SIZE as u64 {
+            return Err(Error::corrupt("ring smaller than its header"));
+        }
+        // SAFETY: at least RING_HEADER_SIZE bytes are mapped; all atomics.
+        let h = unsafe { &*(base.0.as_ptr() as *const RingHeader) };
+        let version = h.version.load(Ordering::Acquire);
+        if h.magic.load(Ordering::Relaxed) != RING_MAGIC {
+            return Err(Error::corrupt(
+                "ring magic is wrong: this is not a gpushm ring",
+            ));
+        }
+        if version != LAYOUT_VERSION {
+            return Err(Error::corrupt(format!(
+                "ring layout version {version} is not supported (this side reads {LAYOUT_VERSION})"
+            )));
+        }
+        let got = |name: &str, v: u64, want: u64| -> Result<()> {
+            if v != want {
+                Err(Error::corrupt(format!(
+                    "ring header {name} is {v}, {want} expected"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        got(
+            "header_size",
+            h.header_size.load(Ordering::Relaxed) as u64,
+            RING_HEADER_SIZE as u64,
+        )?;
+        got(
+            "desc_size",
+            h.desc_size.load(Ordering::Relaxed) as u64,
+            SLOT_DESC_SIZE as u64,
+        )?;
+        got(
+            "ring_gen",
+            h.ring_gen.load(Ordering::Relaxed) as u64,
+            ring_gen as u64,
+        )?;
+        got(
+            "slot_count",
+            h.slot_count.load(Ordering::Relaxed) as u64,
+            slot_count as u64,
+        )?;
+        got("slot_size", h.slot_size.load(Ordering::Relaxed), slot_size)?;
+        let geom = RingGeometry::new(slot_count, slot_size).ok_or_else(|| {
+            Error::corrupt(format!(
+                "{slot_count} slots of {slot_size} bytes is not a valid ring"
+            ))
+        })?;
+        got("slot_size (page multiple)", slot_size, geom.slot_size)?;
+        got(
+            "desc_offset",
+            h.desc_offset.load(Ordering::Relaxed),
+            geom.desc_offset,
+        )?;
+        got(
+            "data_offset",
+            h.data_offset.load(Ordering::Relaxed),
+            geom.data_offset,
+        )?;
+        got(
+            "total_size",
+            h.total_size.load(Ordering::Relaxed),
+            geom.total_size,
+        )?;
+        got("mapped size", len, geom.total_size)?;
+        Ok(geom)
+    }
+
+    pub fn ring_gen(&self) -> u32 {
+        self.ring_gen
+    }
+    pub fn geometry(&self) -> RingGeometry {
+        self.geom
+    }
+
+    /// The whole mapping, for registering it with a GPU in one piece.
+    pub fn mapping(&self) -> (*const u8, usize) {
+        (self.base.0.as_ptr(), self.geom.total_size as usize)
+    }
+
+    /// Reads and checks the descriptor of a frame this consumer took from its queue. Returns
+    /// the metadata and a pointer to the slot's first byte; `payload_size` bytes from there lie
+    /// inside the mapping.
+    pub fn read_frame(&self, e: &Entry) -> Result<(FrameMeta, *const u8)> {
+        if e.ring_gen != self.ring_gen {
+            return Err(Error::protocol(format!(
+                "frame for ring {} read from ring {}",
+                e.ring_gen, self.ring_gen
+            )));
+        }
+        if e.slot >= self.geom.slot_count {
+            return Err(Error::corrupt(format!(
+                "slot {} out of range (ring has {})",
+                e.slot, self.geom.slot_count
+            )));
+        }
+        let off = self.geom.desc_offset as usize + e.slot as usize * SLOT_DESC_SIZE;
+        // SAFETY: in bounds (validated geometry), aligned, all atomics.
+        let d = unsafe { &*(self.base.0.as_ptr().add(off) as *const SlotDesc) };
+        let seq = d.seq.load(Ordering::Acquire);
+        if seq != e.seq {
+            return Err(Error::corrupt(format!(
+                "slot {} holds frame {seq}, frame {} was announced",
+                e.slot, e.seq
+            )));
+        }
+        let r = Ordering::Relaxed;
+        let mut m = FrameMeta {
+            payload_size: d.payload_size.load(r),
+            pts: d.pts.load(r),
+            dts: d.dts.load(r),
+            duration: d.duration.load(r),
+            offset: d.offset.load(r),
+            offset_end: d.offset_end.load(r),
+            pts_clock: d.pts_clock.load(r),
+            dts_clock: d.dts_clock.load(r),
+            publish_ns: d.publish_ns.load(r),
+            buffer_flags: d.buffer_flags.load(r),
+            caps_gen: d.caps_gen.load(r),
+            video_format: d.video_format.load(r),
+            width: d.width.load(r),
+            height: d.height.load(r),
+            n_planes: d.n_planes.load(r),
+            ..Default::default()
+        };
+        for i in 0..MAX_PLANES {
+            m.plane_offset[i] = d.plane_offset[i].load(r);
+            m.plane_stride[i] = d.plane_stride[i].load(r);
+        }
+        // A producer rewriting the slot while we read it is a bug on its side; catch it.
+        std::sync::atomic::fence(Ordering::Acquire);
+        if d.seq.load(Ordering::Relaxed) != e.seq {
+            return Err(Error::corrupt(format!(
+                "slot {} was rewritten while frame {} was read",
+                e.slot, e.seq
+            )));
+        }
+        if m.payload_size == 0 || m.payload_size > self.geom.slot_size {
+            return Err(Error::corrupt(format!(
+                "frame {} claims {} bytes in a slot of {}",
+                e.seq, m.payload_size, self.geom.slot_size
+            )));
+        }
+        if m.n_planes as usize > MAX_PLANES {
+            return Err(Error::corrupt(format!(
+                "frame {} claims {} planes",
+                e.seq, m.n_planes
+            )));
+        }
+        for i in 0..m.n_planes as usize {
+            if m.plane_offset[i] >= m.payload_size
+                || m.plane_stride[i] == 0
+                || m.plane_stride[i] > i32::MAX as u32
+            {
+                return Err(Error::corrupt(format!(
+                    "frame {} plane {i}: offset {} stride {} do not fit {} bytes",
+                    e.seq, m.plane_offset[i], m.plane_stride[i], m.payload_size
+                )));
+            }
+        }
+        // SAFETY: slot_offset + payload_size <= total_size by the checks above.
+        let ptr = unsafe {
+            self.base
+                .0
+                .as_ptr()
+                .add(self.geom.slot_offset(e.slot) as usize)
+        };
+        Ok((m, ptr))
+    }
+}
+
+/// The consumer's end of its control memfd.
+pub struct ConsumerChannel {
+    _map: MmapMut,
+    base: Base,
+    capacity: u32,
+    /// Serialises releases: buffers are dropped on any thread.
+    rel: Mutex<u64>,
+}
+
+impl ConsumerChannel {
+    pub fn open(fd: OwnedFd, capacity: u32) -> Result<Self> {
+        if capacity == 0 || capacity > 4 * CLIENT_QUEUE_CAPACITY {
+            return Err(Error::protocol(format!(
+                "queue capacity {capacity} is out of range"
+            )));
+        }
+        let size = client_block_size(capacity);
+        shm::check_sealed_memfd(fd.as_fd(), size, "client control block")?;
+        let mut map = shm::map_rw(&fd, size)?;
+        let base =
+            Base(NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
+        let ch = Self {
+            _map: map,
+            base,
+            capacity,
+            rel: Mutex::new(0),
+        };
+        let h = ch.header();
+        if h.magic.load(Ordering::Relaxed) != CLIENT_MAGIC
+            || h.version.load(Ordering::Acquire) != LAYOUT_VERSION
+            || h.capacity.load(Ordering::Relaxed) != capacity
+        {
+            return Err(Error::corrupt(
+                "client control block has a wrong magic, version or capacity",
+            ));
+        }
+        let w = h.rel_wpos.load(Ordering::Relaxed);
+        *ch.rel.lock().unwrap_or_else(|e| e.into_inner()) = w;
+        Ok(ch)
+    }
+
+    fn header(&self) -> &ClientHeader {
+        // SAFETY: mapped, validated size, all atomics.
+        unsafe { &*(self.base.0.as_ptr() as *const ClientHeader) }
+    }
+
+    fn entry(&self, queue: usize, pos: u64) -> &QueueEntry {
+        let idx = (pos % self.capacity as u64) as usize;
+        let off = CLIENT_HEADER_SIZE
+            + (queue * self.capacity as usize + idx) * std::mem::size_of::<QueueEntry>();
+        // SAFETY: in bounds by construction.
+        unsafe { &*(self.base.0.as_ptr().add(off) as *const QueueEntry) }
+    }
+
+    /// Takes the oldest frame handed to us, if any.
+    pub fn take(&self) -> Result<Option<Entry>> {
+        let h = self.header();
+        loop {
+            let r = h.rpos.load(Ordering::Acquire);
+            let w = h.wpos.load(Ordering::Acquire);
+            if w < r || w - r > self.capacity as u64 {
+                return Err(Error::corrupt(format!(
+                    "delivery queue positions {r}..{w} are inconsistent"
+                )));
+            }
+            if r == w {
+                return Ok(None);
+            }
+            let q = self.entry(0, r);
+            let seq = q.seq.load(Ordering::Relaxed);
+            let (ring_gen, slot) = unpack_loc(q.loc.load(Ordering::Relaxed));
+            // Owning the entry means moving rpos past it; if the producer revoked it first,
+            // try the next one.
+            if h.rpos
+                .compare_exchange(r, r + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Ok(Some(Entry {
+                    seq,
+                    ring_gen,
+                    slot,
+                }));
+            }
+        }
+    }
+
+    /// Frames the producer took back because we fell behind.
+    pub fn dropped(&self) -> u64 {
+        self.header().dropped.load(Ordering::Relaxed)
+    }
+
+    /// Gives a frame back. Returns false if the release queue is full (the producer has not
+    /// caught up yet); the caller keeps the entry and tries again later.
+    pub fn release(&self, e: Entry) -> bool {
+        let mut w = self.rel.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.header().rel_rpos.load(Ordering::Acquire);
+        if *w < r || *w - r >= self.capacity as u64 {
+            return false;
+        }
+        let q = self.entry(1, *w);
+        q.seq.store(e.seq, Ordering::Relaxed);
+        q.loc.store(pack_loc(e.ring_gen, e.slot), Ordering::Relaxed);
+        *w += 1;
+        self.header().rel_wpos.store(*w, Ordering::Release);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::producer::{ClientChannel, ProducerRing};
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::Arc;
+
+    fn meta(seq: u64, size: u64) -> FrameMeta {
+        FrameMeta {
+            payload_size: size,
+            pts: seq * 1000,
+            offset: seq,
+            n_planes: 1,
+            plane_stride: [64, 0, 0, 0],
+            ..Default::default()
+        }
+    }
+
+    fn open_pair(slots: u32, size: u64) -> (ProducerRing, ConsumerRing) {
+        let p = ProducerRing::create(1, slots, size).unwrap();
+        let g = p.geometry();
+        let c = ConsumerRing::open(
+            p.read_only_fd().unwrap(),
+            1,
+            slots,
+            g.slot_size,
+            g.total_size,
+        )
+        .unwrap();
+        (p, c)
+    }
+
+    fn client_pair() -> (ClientChannel, ConsumerChannel) {
+        let p = ClientChannel::create(CLIENT_QUEUE_CAPACITY).unwrap();
+        let fd = p.fd().try_clone_to_owned().unwrap();
+        let c = ConsumerChannel::open(fd, CLIENT_QUEUE_CAPACITY).unwrap();
+        (p, c)
+    }
+
+    /// A producer thread writes frames whose bytes depend on their number; a consumer thread
+    /// takes, checks and releases them through the real memfd mappings, many times around the
+    /// ring and around the queues.
+    #[test]
+    fn concurrent_producer_and_consumer_wrap_around() {
+        const SLOTS: u32 = 4;
+        const FRAMES: u64 = 3000;
+        let (ring, cring) = open_pair(SLOTS, 4096);
+        let (mut pch, cch) = client_pair();
+        let cch = Arc::new(cch);
+        let done = Arc::new(AtomicU64::new(0));
+        let consumer = {
+            let cch = cch.clone();
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let mut next = 1u64;
+                while next <= FRAMES {
+                    let Some(e) = cch.take().unwrap() else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    assert_eq!(e.seq, next, "lossless client sees every frame in order");
+                    let (m, ptr) = cring.read_frame(&e).unwrap();
+                    assert_eq!(m.offset, e.seq);
+                    let data = unsafe { std::slice::from_raw_parts(ptr, m.payload_size as usize) };
+                    assert!(
+                        data.iter().all(|&b| b == (e.seq % 251) as u8),
+                        "frame {} corrupted",
+                        e.seq
+                    );
+                    while !cch.release(e) {
+                        std::thread::yield_now();
+                    }
+                    next += 1;
+                }
+                done.store(1, Ordering::Release);
+            })
+        };
+        let mut free: Vec<u32> = (0..SLOTS).collect();
+        let mut seq = 0u64;
+        while seq < FRAMES {
+            for e in pch.take_releases().unwrap() {
+                free.push(e.slot);
+            }
+            let Some(slot) = free.pop() else {
+                std::thread::yield_now();
+                continue;
+            };
+            seq += 1;
+            let size = 1000 + (seq % 3000);
+            unsafe { std::ptr::write_bytes(ring.slot_ptr(slot), (seq % 251) as u8, size as usize) };
+            ring.publish(slot, seq, &meta(seq, size));
+            pch.deliver(Entry {
+                seq,
+                ring_gen: 1,
+                slot,
+            })
+            .unwrap();
+        }
+        consumer.join().unwrap();
+        assert_eq!(done.load(Ordering::Acquire), 1);
+        pch.take_releases().unwrap();
+        assert_eq!(pch.outstanding().count(), 0);
+    }
+
+    #[test]
+    fn leaky_revocation_races_safely_with_take() {
+        let (mut pch, cch) = client_pair();
+        let mut revoked = 0;
+        for seq in 1..=10_000u64 {
+            pch.deliver(Entry {
+                seq,
+                ring_gen: 1,
+                slot: (seq % 4) as u32,
+            })
+            .unwrap();
+            if pch.pending_len() > 2 && pch.revoke_oldest().unwrap().is_some() {
+                revoked += 1;
+            }
+            if seq % 3 == 0 {
+                if let Some(e) = cch.take().unwrap() {
+                    assert!(cch.release(e));
+                }
+            }
+            pch.take_releases().unwrap();
+        }
+        assert!(revoked > 0);
+        assert_eq!(cch.dropped(), revoked);
+        assert!(pch.pending_len() <= 3);
+    }
+
+    #[test]
+    fn client_lies_are_caught() {
+        // Releasing a frame it never took.
+        let (mut pch, cch) = client_pair();
+        pch.deliver(Entry {
+            seq: 1,
+            ring_gen: 1,
+            slot: 0,
+        })
+        .unwrap();
+        assert!(cch.release(Entry {
+            seq: 9,
+            ring_gen: 1,
+            slot: 3
+        }));
+        assert!(pch
+            .take_releases()
+            .unwrap_err()
+            .to_string()
+            .contains("does not hold"));
+
+        // Double release.
+        let (mut pch, cch) = client_pair();
+        pch.deliver(Entry {
+            seq: 1,
+            ring_gen: 1,
+            slot: 0,
+        })
+        .unwrap();
+        let e = cch.take().unwrap().unwrap();
+        assert!(cch.release(e));
+        assert_eq!(pch.take_releases().unwrap(), vec![e]);
+        assert!(cch.release(e));
+        assert!(pch.take_releases().is_err());
+
+        // Read position moved past what was written.
+        let (mut pch, cch) = client_pair();
+        cch.header().rpos.store(5, Ordering::Relaxed);
+        assert!(pch.sync_taken().is_err());
+        // Release position far ahead.
+        let (mut pch, cch) = client_pair();
+        cch.header().rel_wpos.store(1 << 40, Ordering::Relaxed);
+        assert!(pch.take_releases().is_err());
+    }
+
+    #[test]
+    fn corrupted_header_is_rejected() {
+        let p = ProducerRing::create(1, 4, 4096).unwrap();
+        let g = p.geometry();
+        let open =
+            || ConsumerRing::open(p.read_only_fd().unwrap(), 1, 4, g.slot_size, g.total_size);
+        assert!(open().is_ok());
+        let h = p.header();
+        let cases: Vec<(&str, Box<dyn Fn()>, Box<dyn Fn()>)> = vec![
+            (
+                "magic",
+                Box::new(|| h.magic.store(7, Ordering::Relaxed)),
+                Box::new(|| h.magic.store(RING_MAGIC, Ordering::Relaxed)),
+            ),
+            (
+                "version",
+                Box::new(|| h.version.store(99, Ordering::Relaxed)),
+                Box::new(|| h.version.store(LAYOUT_VERSION, Ordering::Relaxed)),
+            ),
+            (
+                "slot_count",
+                Box::new(|| h.slot_count.store(1000, Ordering::Relaxed)),
+                Box::new(|| h.slot_count.store(4, Ordering::Relaxed)),
+            ),
+            (
+                "slot_size",
+                Box::new(|| h.slot_size.store(u64::MAX, Ordering::Relaxed)),
+                Box::new(|| h.slot_size.store(g.slot_size, Ordering::Relaxed)),
+            ),
+            (
+                "data_offset",
+                Box::new(|| h.data_offset.store(g.total_size, Ordering::Relaxed)),
+                Box::new(|| h.data_offset.store(g.data_offset, Ordering::Relaxed)),
+            ),
+            (
+                "desc_size",
+                Box::new(|| h.desc_size.store(8, Ordering::Relaxed)),
+                Box::new(|| h.desc_size.store(SLOT_DESC_SIZE as u32, Ordering::Relaxed)),
+            ),
+        ];
+        for (name, break_it, fix_it) in cases {
+            break_it();
+            let err = open()
+                .err()
+                .unwrap_or_else(|| panic!("corrupted {name} accepted"));
+            assert!(matches!(err, Error::Corrupt(_)), "{name}: {err}");
+            fix_it();
+            assert!(open().is_ok(), "{name} restored");
+        }
+        // A message that disagrees with the header, and an absurd size.
+        assert!(
+            ConsumerRing::open(p.read_only_fd().unwrap(), 2, 4, g.slot_size, g.total_size).is_err()
+        );
+        assert!(
+            ConsumerRing::open(p.read_only_fd().unwrap(), 1, 4, g.slot_size, u64::MAX).is_err()
+        );
+        assert!(ConsumerRing::open(
+            p.read_only_fd().unwrap(),
+            1,
+            4,
+            g.slot_size,
+            g.total_size * 2
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn corrupted_descriptor_is_rejected() {
+        let (p, c) = open_pair(4, 4096);
+        let e = Entry {
+            seq: 7,
+            ring_gen: 1,
+            slot: 2,
+        };
+        p.publish(2, 7, &meta(7, 4096));
+        assert!(c.read_frame(&e).is_ok());
+        let bad = [
+            FrameMeta {
+                payload_size: 0,
+                ..meta(7, 1)
+            },
+            FrameMeta {
+                payload_size: 1 << 40,
+                ..meta(7, 1)
+            },
+            FrameMeta {
+                n_planes: 9,
+                ..meta(7, 100)
+            },
+            FrameMeta {
+                plane_offset: [5000, 0, 0, 0],
+                ..meta(7, 100)
+            },
+            FrameMeta {
+                plane_stride: [0, 0, 0, 0],
+                ..meta(7, 100)
+            },
+            FrameMeta {
+                plane_stride: [u32::MAX, 0, 0, 0],
+                ..meta(7, 100)
+            },
+        ];
+        for m in bad {
+            p.publish(2, 7, &m);
+            assert!(
+                matches!(c.read_frame(&e), Err(Error::Corrupt(_))),
+                "{m:?} accepted"
+            );
+        }
+        p.publish(2, 7, &meta(7, 100));
+        assert!(
+            c.read_frame(&Entry { seq: 8, ..e }).is_err(),
+            "wrong sequence number"
+        );
+        assert!(
+            c.read_frame(&Entry { slot: 4, ..e }).is_err(),
+            "slot out of range"
+        );
+        assert!(
+            c.read_frame(&Entry {
+                slot: u32::MAX,
+                ..e
+            })
+            .is_err(),
+            "slot out of range"
+        );
+        assert!(
+            c.read_frame(&Entry { ring_gen: 9, ..e }).is_err(),
+            "other ring"
+        );
+    }
+
+    #[test]
+    fn corrupted_client_block_is_rejected() {
+        let p = ClientChannel::create(8).unwrap();
+        assert!(ConsumerChannel::open(p.fd().try_clone_to_owned().unwrap(), 16).is_err());
+        assert!(ConsumerChannel::open(p.fd().try_clone_to_owned().unwrap(), 0).is_err());
+        let c = ConsumerChannel::open(p.fd().try_clone_to_owned().unwrap(), 8).unwrap();
+        c.header().wpos.store(1 << 50, Ordering::Relaxed);
+        assert!(c.take().is_err());
+    }
+
+    #[test]
+    fn slot_of_ptr_maps_back() {
+        let p = ProducerRing::create(1, 4, 5000).unwrap();
+        for s in 0..4 {
+            assert_eq!(p.slot_of_ptr(p.slot_ptr(s)), Some(s));
+            assert_eq!(p.slot_of_ptr(unsafe { p.slot_ptr(s).add(1) }), None);
+        }
+        assert_eq!(p.slot_of_ptr(p.mapping().0), None);
+        assert_eq!(
+            p.slot_of_ptr(unsafe { p.slot_ptr(3).add(p.slot_size() as usize) }),
+            None
+        );
+    }
+}

@@ -1,0 +1,231 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Where frames are laid out in shared memory.
+//!
+//! Two kinds of shared-memory objects exist, both memfds sealed against resizing:
+//!
+//! ```text
+//! ring memfd (one per producer ring; producer RW, consumers get a read-only descriptor)
+//! +-----------------+-------------------------------+------------------------------------+
+//! | RingHeader      | SlotDesc[slot_count]          | slot 0 | slot 1 | ... (page-aligned) |
+//! | (256 B)         | (256 B each)                  | slot_size bytes each               |
+//! +-----------------+-------------------------------+------------------------------------+
+//! 0                 desc_offset                      data_offset                 total_size
+//!
+//! client memfd (one per connected consumer; both sides RW, only that consumer sees it)
+//! +-----------------+------------------------------+------------------------------+
+//! | ClientHeader    | delivery QueueEntry[capacity] | release QueueEntry[capacity] |
+//! | (128 B)         | producer -> consumer          | consumer -> producer         |
+//! +-----------------+------------------------------+------------------------------+
+//! ```
+//!
+//! Everything in shared memory is an atomic, so no `&mut` is ever formed to mapped memory and
+//! a peer writing concurrently is never undefined behaviour, only a value that has to be
+//! validated. Offsets and indices are stored, never pointers.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// "GPUSHMR1" little-endian.
+pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMR1");
+/// "GPUSHMC1" little-endian.
+pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
+/// Bumped whenever any struct in this file changes.
+pub const LAYOUT_VERSION: u32 = 1;
+
+pub const MAX_PLANES: usize = 4;
+/// Upper bound for the slot count of one ring.
+pub const MAX_SLOTS: u32 = 64;
+/// Upper bound for one slot (a 8K RGBA frame is 128 MiB).
+pub const MAX_SLOT_SIZE: u64 = 256 << 20;
+/// Entries of each client queue. A client can never have more than `MAX_SLOTS` frames of one
+/// ring outstanding, and at most two rings overlap while caps change.
+pub const CLIENT_QUEUE_CAPACITY: u32 = 2 * MAX_SLOTS;
+
+/// Value stored for an absent timestamp / offset.
+pub const NONE_U64: u64 = u64::MAX;
+
+pub fn page_size() -> u64 {
+    match nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE) {
+        Ok(Some(v)) if v > 0 => v as u64,
+        _ => 4096,
+    }
+}
+
+pub fn round_up(v: u64, to: u64) -> Option<u64> {
+    v.checked_add(to - 1).map(|x| x / to * to)
+}
+
+/// Page 0 of the ring memfd. Written once by the producer before the descriptor is handed out;
+/// `version` is stored last with Release.
+#[repr(C)]
+pub struct RingHeader {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    pub header_size: AtomicU32,
+    pub desc_size: AtomicU32,
+    pub slot_count: AtomicU32,
+    pub slot_size: AtomicU64,
+    pub desc_offset: AtomicU64,
+    pub data_offset: AtomicU64,
+    pub total_size: AtomicU64,
+    pub ring_gen: AtomicU32,
+    pub _reserved0: AtomicU32,
+    pub _reserved: [AtomicU64; 24],
+}
+
+/// What the producer says about the frame in one slot. The producer fills every field, then
+/// stores `seq` with Release; a consumer loads `seq` with Acquire and compares it to the sequence
+/// number it was handed in its delivery queue.
+#[repr(C)]
+pub struct SlotDesc {
+    /// Frame sequence number, starting at 1; 0 = never written.
+    pub seq: AtomicU64,
+    pub payload_size: AtomicU64,
+    pub pts: AtomicU64,
+    pub dts: AtomicU64,
+    pub duration: AtomicU64,
+    pub offset: AtomicU64,
+    pub offset_end: AtomicU64,
+    /// PTS/DTS as absolute clock time (base time + running time) of the producer's pipeline.
+    pub pts_clock: AtomicU64,
+    pub dts_clock: AtomicU64,
+    /// CLOCK_MONOTONIC nanoseconds when the producer published the frame.
+    pub publish_ns: AtomicU64,
+    pub buffer_flags: AtomicU32,
+    pub caps_gen: AtomicU32,
+    /// GstVideoFormat value, width and height the planes below describe.
+    pub video_format: AtomicU32,
+    pub width: AtomicU32,
+    pub height: AtomicU32,
+    pub n_planes: AtomicU32,
+    pub plane_offset: [AtomicU64; MAX_PLANES],
+    pub plane_stride: [AtomicU32; MAX_PLANES],
+    pub _reserved: [AtomicU64; 13],
+}
+
+/// Head of a client memfd.
+#[repr(C)]
+pub struct ClientHeader {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    pub capacity: AtomicU32,
+    /// Deliveries written (producer).
+    pub wpos: AtomicU64,
+    /// Deliveries taken (consumer), or revoked by the producer with a CAS for a leaky client.
+    pub rpos: AtomicU64,
+    /// Releases written (consumer).
+    pub rel_wpos: AtomicU64,
+    /// Releases consumed (producer).
+    pub rel_rpos: AtomicU64,
+    /// Deliveries the producer revoked because this client fell behind.
+    pub dropped: AtomicU64,
+    pub _reserved: [AtomicU64; 9],
+}
+
+/// One frame handed to, or given back by, a client.
+#[repr(C)]
+pub struct QueueEntry {
+    pub seq: AtomicU64,
+    /// `ring_gen << 32 | slot`.
+    pub loc: AtomicU64,
+}
+
+pub const RING_HEADER_SIZE: usize = 256;
+pub const SLOT_DESC_SIZE: usize = 256;
+pub const CLIENT_HEADER_SIZE: usize = 128;
+
+const _: () = assert!(size_of::<RingHeader>() == RING_HEADER_SIZE);
+const _: () = assert!(size_of::<SlotDesc>() == SLOT_DESC_SIZE);
+const _: () = assert!(size_of::<ClientHeader>() == CLIENT_HEADER_SIZE);
+const _: () = assert!(size_of::<QueueEntry>() == 16);
+const _: () = assert!(offset_of!(RingHeader, version) == 8);
+const _: () = assert!(offset_of!(RingHeader, slot_size) == 24);
+const _: () = assert!(offset_of!(RingHeader, ring_gen) == 56);
+const _: () = assert!(offset_of!(SlotDesc, buffer_flags) == 80);
+const _: () = assert!(offset_of!(SlotDesc, plane_offset) == 104);
+const _: () = assert!(offset_of!(SlotDesc, plane_stride) == 136);
+const _: () = assert!(offset_of!(ClientHeader, wpos) == 16);
+const _: () = assert!(offset_of!(ClientHeader, dropped) == 48);
+
+/// Geometry of a ring memfd, computed by the producer and re-derived and checked by consumers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingGeometry {
+    pub slot_count: u32,
+    pub slot_size: u64,
+    pub desc_offset: u64,
+    pub data_offset: u64,
+    pub total_size: u64,
+}
+
+impl RingGeometry {
+    /// Geometry for `slot_count` slots holding at least `min_slot_size` bytes each.
+    pub fn new(slot_count: u32, min_slot_size: u64) -> Option<Self> {
+        if slot_count == 0
+            || slot_count > MAX_SLOTS
+            || min_slot_size == 0
+            || min_slot_size > MAX_SLOT_SIZE
+        {
+            return None;
+        }
+        let page = page_size();
+        let slot_size = round_up(min_slot_size, page)?;
+        let desc_offset = RING_HEADER_SIZE as u64;
+        let desc_end = desc_offset + slot_count as u64 * SLOT_DESC_SIZE as u64;
+        let data_offset = round_up(desc_end, page)?;
+        let total_size = data_offset.checked_add(slot_size.checked_mul(slot_count as u64)?)?;
+        Some(Self {
+            slot_count,
+            slot_size,
+            desc_offset,
+            data_offset,
+            total_size,
+        })
+    }
+
+    pub fn slot_offset(&self, slot: u32) -> u64 {
+        self.data_offset + slot as u64 * self.slot_size
+    }
+}
+
+pub fn client_block_size(capacity: u32) -> u64 {
+    CLIENT_HEADER_SIZE as u64 + 2 * capacity as u64 * size_of::<QueueEntry>() as u64
+}
+
+pub fn pack_loc(ring_gen: u32, slot: u32) -> u64 {
+    (ring_gen as u64) << 32 | slot as u64
+}
+
+pub fn unpack_loc(loc: u64) -> (u32, u32) {
+    ((loc >> 32) as u32, loc as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_is_page_aligned() {
+        let page = page_size();
+        let g = RingGeometry::new(8, 1920 * 1080 * 3 / 2).unwrap();
+        assert_eq!(g.slot_size % page, 0);
+        assert_eq!(g.data_offset % page, 0);
+        assert!(g.slot_size >= 1920 * 1080 * 3 / 2);
+        assert_eq!(g.total_size, g.data_offset + 8 * g.slot_size);
+        assert!(g.desc_offset + 8 * SLOT_DESC_SIZE as u64 <= g.data_offset);
+        assert_eq!(g.slot_offset(3) % page, 0);
+    }
+
+    #[test]
+    fn geometry_rejects_silly_sizes() {
+        assert!(RingGeometry::new(0, 100).is_none());
+        assert!(RingGeometry::new(MAX_SLOTS + 1, 100).is_none());
+        assert!(RingGeometry::new(4, 0).is_none());
+        assert!(RingGeometry::new(4, MAX_SLOT_SIZE + 1).is_none());
+    }
+
+    #[test]
+    fn loc_round_trips() {
+        assert_eq!(unpack_loc(pack_loc(7, 63)), (7, 63));
+        assert_eq!(unpack_loc(pack_loc(u32::MAX, 0)), (u32::MAX, 0));
+    }
+}

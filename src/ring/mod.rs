@@ -1,0 +1,74 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The shared-memory ring and its wire protocol. No GStreamer types in here: this module is
+//! the whole transport, usable and testable on its own.
+//!
+//! - [`layout`]: where frames and control words live in shared memory.
+//! - [`wire`]: what goes over the unix socket, byte by byte.
+//! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
+//! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
+
+pub mod consumer;
+pub mod layout;
+pub mod producer;
+pub mod shm;
+pub mod wire;
+
+use std::fmt;
+
+/// Everything that can go wrong in the transport. Each variant reads as a sentence for users.
+#[derive(Debug)]
+pub enum Error {
+    /// A system call failed.
+    Os {
+        what: String,
+        errno: nix::errno::Errno,
+    },
+    /// A peer sent or wrote something that breaks the protocol.
+    Protocol(String),
+    /// Shared memory holds a value outside its valid range.
+    Corrupt(String),
+    /// The peer closed the connection.
+    Disconnected,
+    /// No answer within the allowed time.
+    Timeout(String),
+}
+
+impl Error {
+    pub fn os(what: impl Into<String>, errno: nix::errno::Errno) -> Self {
+        Error::Os {
+            what: what.into(),
+            errno,
+        }
+    }
+    pub fn protocol(msg: impl Into<String>) -> Self {
+        Error::Protocol(msg.into())
+    }
+    pub fn corrupt(msg: impl Into<String>) -> Self {
+        Error::Corrupt(msg.into())
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Os { what, errno } => write!(f, "{what}: {}", errno.desc()),
+            Error::Protocol(m) => write!(f, "protocol error: {m}"),
+            Error::Corrupt(m) => write!(f, "invalid shared memory: {m}"),
+            Error::Disconnected => write!(f, "the peer closed the connection"),
+            Error::Timeout(m) => write!(f, "timed out: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock GStreamer's system clock uses by default, so
+/// stamps taken in two processes compare directly.
+pub fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => ts.tv_sec() as u64 * 1_000_000_000 + ts.tv_nsec() as u64,
+        Err(_) => 0,
+    }
+}

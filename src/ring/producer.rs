@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The producer's end: creates the ring memfd and one control memfd per client, publishes
+//! frames, hands them to clients and takes them back.
+//!
+//! The producer never trusts what a client wrote: it keeps its own record of which frames it
+//! handed to each client (`pending` until taken, `held` after), and every position or release a
+//! client writes is checked against that record. A client can only hurt itself.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::ptr::NonNull;
+use std::sync::atomic::Ordering;
+
+use memmap2::MmapMut;
+
+use super::layout::*;
+use super::{shm, Error, Result};
+
+/// Everything the producer says about one frame; the consumer reads back the same struct.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameMeta {
+    pub payload_size: u64,
+    pub pts: u64,
+    pub dts: u64,
+    pub duration: u64,
+    pub offset: u64,
+    pub offset_end: u64,
+    pub pts_clock: u64,
+    pub dts_clock: u64,
+    pub publish_ns: u64,
+    pub buffer_flags: u32,
+    pub caps_gen: u32,
+    pub video_format: u32,
+    pub width: u32,
+    pub height: u32,
+    pub n_planes: u32,
+    pub plane_offset: [u64; MAX_PLANES],
+    pub plane_stride: [u32; MAX_PLANES],
+}
+
+/// One frame in flight: frame `seq` sits in `slot` of ring `ring_gen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub ring_gen: u32,
+    pub slot: u32,
+}
+
+/// A mapping base that may be shared between threads: all access goes through atomics or
+/// through slot memory whose ownership the ring protocol hands around.
+#[derive(Clone, Copy)]
+pub(crate) struct Base(pub(crate) NonNull<u8>);
+// SAFETY: see the type's documentation.
+unsafe impl Send for Base {}
+unsafe impl Sync for Base {}
+
+/// The producer's ring: one sealed memfd, mapped once, read-write.
+pub struct ProducerRing {
+    fd: OwnedFd,
+    _map: MmapMut,
+    base: Base,
+    geom: RingGeometry,
+    ring_gen: u32,
+}
+
+impl ProducerRing {
+    pub fn create(ring_gen: u32, slot_count: u32, min_slot_size: u64) -> Result<Self> {
+        let geom = RingGeometry::new(slot_count, min_slot_size).ok_or_else(|| {
+            Error::protocol(format!(
+                "cannot build a ring of {slot_count} slots of {min_slot_size} bytes \
+                 (1..={MAX_SLOTS} slots of at most {MAX_SLOT_SIZE} bytes)"
+            ))
+        })?;
+        let fd = shm::create_sealed_memfd(&format!("gpushm-ring-{ring_gen}"), geom.total_size)?;
+        let mut map = shm::map_rw(&fd, geom.total_size)?;
+        let base =
+            Base(NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
+        let ring = Self {
+            fd,
+            _map: map,
+            base,
+            geom,
+            ring_gen,
+        };
+        let h = ring.header();
+        h.magic.store(RING_MAGIC, Ordering::Relaxed);
+        h.header_size
+            .store(RING_HEADER_SIZE as u32, Ordering::Relaxed);
+        h.desc_size.store(SLOT_DESC_SIZE as u32, Ordering::Relaxed);
+        h.slot_count.store(slot_count, Ordering::Relaxed);
+        h.slot_size.store(geom.slot_size, Ordering::Relaxed);
+        h.desc_offset.store(geom.desc_offset, Ordering::Relaxed);
+        h.data_offset.store(geom.data_offset, Ordering::Relaxed);
+        h.total_size.store(geom.total_size, Ordering::Relaxed);
+        h.ring_gen.store(ring_gen, Ordering::Relaxed);
+        h.version.store(LAYOUT_VERSION, Ordering::Release);
+        Ok(ring)
+    }
+
+    pub fn header(&self) -> &RingHeader {
+        // SAFETY: the mapping is at least one page, page-aligned, and RingHeader is all atomics.
+        unsafe { &*(self.base.0.as_ptr() as *const RingHeader) }
+    }
+
+    fn desc(&self, slot: u32) -> &SlotDesc {
+        assert!(slot < self.geom.slot_count);
+        let off = self.geom.desc_offset as usize + slot as usize * SLOT_DESC_SIZE;
+        // SAFETY: in bounds (geometry), aligned (256-byte multiples), all atomics.
+        unsafe { &*(self.base.0.as_ptr().add(off) as *const SlotDesc) }
+    }
+
+    pub fn geometry(&self) -> RingGeometry {
+        self.geom
+    }
+    pub fn ring_gen(&self) -> u32 {
+        self.ring_gen
+    }
+    pub fn slot_count(&self) -> u32 {
+        self.geom.slot_count
+    }
+    pub fn slot_size(&self) -> u64 {
+        self.geom.slot_size
+    }
+
+    /// Start of a slot's bytes. Writing through it is allowed only while the producer owns the
+    /// slot (no client references it).
+    pub fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        assert!(slot < self.geom.slot_count);
+        // SAFETY: in bounds of the mapping.
+        unsafe {
+            self.base
+                .0
+                .as_ptr()
+                .add(self.geom.slot_offset(slot) as usize)
+        }
+    }
+
+    /// The slot a pointer to the start of a slot belongs to.
+    pub fn slot_of_ptr(&self, ptr: *const u8) -> Option<u32> {
+        let start = self.base.0.as_ptr() as usize + self.geom.data_offset as usize;
+        let p = ptr as usize;
+        if p < start {
+            return None;
+        }
+        let rel = (p - start) as u64;
+        if rel % self.geom.slot_size != 0 {
+            return None;
+        }
+        let slot = rel / self.geom.slot_size;
+        (slot < self.geom.slot_count as u64).then_some(slot as u32)
+    }
+
+    /// The whole mapping, for registering it with a GPU in one piece.
+    pub fn mapping(&self) -> (*mut u8, usize) {
+        (self.base.0.as_ptr(), self.geom.total_size as usize)
+    }
+
+    /// A read-only descriptor of the ring for a client.
+    pub fn read_only_fd(&self) -> Result<OwnedFd> {
+        shm::reopen_read_only(self.fd.as_fd())
+    }
+
+    /// Writes the descriptor of `slot`, then makes it visible as frame `seq`.
+    pub fn publish(&self, slot: u32, seq: u64, m: &FrameMeta) {
+        let d = self.desc(slot);
+        let r = Ordering::Relaxed;
+        d.seq.store(0, r);
+        d.payload_size.store(m.payload_size, r);
+        d.pts.store(m.pts, r);
+        d.dts.store(m.dts, r);
+        d.duration.store(m.duration, r);
+        d.offset.store(m.offset, r);
+        d.offset_end.store(m.offset_end, r);
+        d.pts_clock.store(m.pts_clock, r);
+        d.dts_clock.store(m.dts_clock, r);
+        d.publish_ns.store(m.publish_ns, r);
+        d.buffer_flags.store(m.buffer_flags, r);
+        d.caps_gen.store(m.caps_gen, r);
+        d.video_format.store(m.video_format, r);
+        d.width.store(m.width, r);
+        d.height.store(m.height, r);
+        d.n_planes.store(m.n_planes, r);
+        for i in 0..MAX_PLANES {
+            d.plane_offset[i].store(m.plane_offset[i], r);
+            d.plane_stride[i].store(m.plane_stride[i], r);
+        }
+        d.seq.store(seq, Ordering::Release);
+    }
+}
+
+/// The producer's end of one client's control memfd, plus the producer's private record of
+/// what that client references.
+pub struct ClientChannel {
+    fd: OwnedFd,
+    _map: MmapMut,
+    base: Base,
+    capacity: u32,
+    wpos: u64,
+    rpos_seen: u64,
+    rel_rpos: u64,
+    dropped: u64,
+    pending: VecDeque<Entry>,
+    held: Vec<Entry>,
+}
+
+impl ClientChannel {
+    pub fn create(capacity: u32) -> Result<Self> {
+        let size = client_block_size(capacity);
+        let fd = shm::create_sealed_memfd("gpushm-client", size)?;
+        let mut map = shm::map_rw(&fd, size)?;
+        let base =
+            Base(NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
+        let ch = Self {
+            fd,
+            _map: map,
+            base,
+            capacity,
+            wpos: 0,
+            rpos_seen: 0,
+            rel_rpos: 0,
+            dropped: 0,
+            pending: VecDeque::new(),
+            held: Vec::new(),
+        };
+        let h = ch.header();
+        h.magic.store(CLIENT_MAGIC, Ordering::Relaxed);
+        h.capacity.store(capacity, Ordering::Relaxed);
+        h.version.store(LAYOUT_VERSION, Ordering::Release);
+        Ok(ch)
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn header(&self) -> &ClientHeader {
+        // SAFETY: the mapping holds the header, all atomics.
+        unsafe { &*(self.base.0.as_ptr() as *const ClientHeader) }
+    }
+
+    fn entry(&self, queue: usize, pos: u64) -> &QueueEntry {
+        let idx = (pos % self.capacity as u64) as usize;
+        let off = CLIENT_HEADER_SIZE
+            + (queue * self.capacity as usize + idx) * std::mem::size_of::<QueueEntry>();
+        // SAFETY: in bounds by construction, 16-byte aligned, all atomics.
+        unsafe { &*(self.base.0.as_ptr().add(off) as *const QueueEntry) }
+    }
+
+    /// Reads the client's read position and moves what it took from `pending` to `held`.
+    pub fn sync_taken(&mut self) -> Result<()> {
+        let r = self.header().rpos.load(Ordering::Acquire);
+        if r < self.rpos_seen || r > self.wpos {
+            return Err(Error::protocol(format!(
+                "client moved its read position to {r}, outside {}..={}",
+                self.rpos_seen, self.wpos
+            )));
+        }
+        while self.rpos_seen < r {
+            let e = self
+                .pending
+                .pop_front()
+                .ok_or_else(|| Error::corrupt("pending queue out of step"))?;
+            self.held.push(e);
+            self.rpos_seen += 1;
+        }
+        Ok(())
+    }
+
+    /// Frames handed over but not yet taken.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Frames taken and not yet released.
+    pub fn held_len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Deliveries revoked because the client fell behind.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// Takes back the oldest frame the client has not taken yet. Returns it if revoked, or
+    /// `None` if the client took it in the meantime (or nothing was pending).
+    pub fn revoke_oldest(&mut self) -> Result<Option<Entry>> {
+        self.sync_taken()?;
+        if self.pending.is_empty() {
+            return Ok(None);
+        }
+        let r = self.rpos_seen;
+        match self
+            .header()
+            .rpos
+            .compare_exchange(r, r + 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.rpos_seen += 1;
+                self.dropped += 1;
+                self.header().dropped.store(self.dropped, Ordering::Relaxed);
+                Ok(self.pending.pop_front())
+            }
+            Err(_) => {
+                self.sync_taken()?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Hands frame `e` to the client. The caller then wakes it through its eventfd.
+    pub fn deliver(&mut self, e: Entry) -> Result<()> {
+        self.sync_taken()?;
+        if self.wpos - self.rpos_seen >= self.capacity as u64 {
+            return Err(Error::protocol("the client's delivery queue is full"));
+        }
+        let q = self.entry(0, self.wpos);
+        q.seq.store(e.seq, Ordering::Relaxed);
+        q.loc.store(pack_loc(e.ring_gen, e.slot), Ordering::Relaxed);
+        self.wpos += 1;
+        self.header().wpos.store(self.wpos, Ordering::Release);
+        self.pending.push_back(e);
+        Ok(())
+    }
+
+    /// Reads the frames the client gave back. Each must be one it holds; anything else is a
+    /// protocol violation and the caller disconnects the client.
+    pub fn take_releases(&mut self) -> Result<Vec<Entry>> {
+        self.sync_taken()?;
+        let w = self.header().rel_wpos.load(Ordering::Acquire);
+        if w < self.rel_rpos || w - self.rel_rpos > self.capacity as u64 {
+            return Err(Error::protocol(format!(
+                "client moved its release position to {w}, outside {}..={}",
+                self.rel_rpos,
+                self.rel_rpos + self.capacity as u64
+            )));
+        }
+        let mut out = Vec::new();
+        while self.rel_rpos < w {
+            let q = self.entry(1, self.rel_rpos);
+            let seq = q.seq.load(Ordering::Relaxed);
+            let (ring_gen, slot) = unpack_loc(q.loc.load(Ordering::Relaxed));
+            let e = Entry {
+                seq,
+                ring_gen,
+                slot,
+            };
+            let Some(i) = self.held.iter().position(|h| *h == e) else {
+                return Err(Error::protocol(format!(
+                    "client released frame {seq} (ring {ring_gen}, slot {slot}) that it does not hold"
+                )));
+            };
+            self.held.swap_remove(i);
+            out.push(e);
+            self.rel_rpos += 1;
+        }
+        self.header()
+            .rel_rpos
+            .store(self.rel_rpos, Ordering::Release);
+        Ok(out)
+    }
+
+    /// Every frame the client still references: what to give back when it goes away.
+    pub fn outstanding(&self) -> impl Iterator<Item = &Entry> {
+        self.pending.iter().chain(self.held.iter())
+    }
+}

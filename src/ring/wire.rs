@@ -1,0 +1,635 @@
+// SPDX-License-Identifier: MPL-2.0
+//! What goes over the unix socket between gpushmsink and each gpushmsrc.
+//!
+//! Every message is a 16-byte header followed by `len` payload bytes, all little-endian:
+//!
+//! ```text
+//! offset size field
+//! 0      4    magic    "GSHW"
+//! 4      2    version  PROTOCOL_VERSION
+//! 6      2    kind     MsgKind
+//! 8      4    len      payload bytes, at most MAX_PAYLOAD
+//! 12     4    nfds     file descriptors sent with this message (SCM_RIGHTS), at most MAX_FDS
+//! ```
+//!
+//! Payloads (`str` = u32 length + UTF-8 bytes):
+//!
+//! | kind | direction | payload | fds |
+//! |------|-----------|---------|-----|
+//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless), pid u32, name str | – |
+//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready eventfd, release eventfd |
+//! | 3 Ring    | sink → src | ring_gen u32, slot_count u32, slot_size u64, total_size u64 | ring memfd, read-only |
+//! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
+//! | 5 Eos     | sink → src | – | – |
+//! | 6 Error   | either     | message str | – |
+//!
+//! The handshake: the src sends Hello; the sink answers Welcome, then Ring and Caps if it has
+//! them (and Eos if the stream already ended). Ring and Caps are sent again whenever they change,
+//! always before the first frame that uses them is delivered.
+
+use std::collections::VecDeque;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
+
+use super::{Error, Result};
+
+pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
+pub const PROTOCOL_VERSION: u16 = 1;
+pub const HEADER_LEN: usize = 16;
+pub const MAX_PAYLOAD: u32 = 64 * 1024;
+pub const MAX_FDS: u32 = 4;
+pub const FLAG_LOSSLESS: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message {
+    Hello {
+        flags: u32,
+        pid: u32,
+        name: String,
+    },
+    Welcome {
+        client_id: u32,
+        queue_capacity: u32,
+    },
+    Ring {
+        ring_gen: u32,
+        slot_count: u32,
+        slot_size: u64,
+        total_size: u64,
+    },
+    Caps {
+        caps_gen: u32,
+        caps: String,
+    },
+    Eos,
+    Error {
+        message: String,
+    },
+}
+
+impl Message {
+    fn kind(&self) -> u16 {
+        match self {
+            Message::Hello { .. } => 1,
+            Message::Welcome { .. } => 2,
+            Message::Ring { .. } => 3,
+            Message::Caps { .. } => 4,
+            Message::Eos => 5,
+            Message::Error { .. } => 6,
+        }
+    }
+
+    /// Descriptors that must travel with this message.
+    pub fn expected_fds(&self) -> u32 {
+        match self {
+            Message::Welcome { .. } => 3,
+            Message::Ring { .. } => 1,
+            _ => 0,
+        }
+    }
+
+    /// Header + payload bytes for a message sent with `nfds` descriptors.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut p = Vec::new();
+        match self {
+            Message::Hello { flags, pid, name } => {
+                p.extend_from_slice(&flags.to_le_bytes());
+                p.extend_from_slice(&pid.to_le_bytes());
+                put_str(&mut p, name);
+            }
+            Message::Welcome {
+                client_id,
+                queue_capacity,
+            } => {
+                p.extend_from_slice(&client_id.to_le_bytes());
+                p.extend_from_slice(&queue_capacity.to_le_bytes());
+            }
+            Message::Ring {
+                ring_gen,
+                slot_count,
+                slot_size,
+                total_size,
+            } => {
+                p.extend_from_slice(&ring_gen.to_le_bytes());
+                p.extend_from_slice(&slot_count.to_le_bytes());
+                p.extend_from_slice(&slot_size.to_le_bytes());
+                p.extend_from_slice(&total_size.to_le_bytes());
+            }
+            Message::Caps { caps_gen, caps } => {
+                p.extend_from_slice(&caps_gen.to_le_bytes());
+                put_str(&mut p, caps);
+            }
+            Message::Eos => {}
+            Message::Error { message } => put_str(&mut p, message),
+        }
+        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
+        out.extend_from_slice(&WIRE_MAGIC.to_le_bytes());
+        out.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.kind().to_le_bytes());
+        out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.expected_fds().to_le_bytes());
+        out.extend_from_slice(&p);
+        out
+    }
+
+    /// Parses one message from the front of `buf`. Returns `Ok(None)` when more bytes are
+    /// needed, otherwise the message, its byte length and the number of fds it announced.
+    pub fn decode(buf: &[u8]) -> Result<Option<(Message, usize, u32)>> {
+        if buf.len() < HEADER_LEN {
+            // Reject garbage as soon as the magic is wrong, not only when 16 bytes arrived.
+            let n = buf.len().min(4);
+            if buf[..n] != WIRE_MAGIC.to_le_bytes()[..n] {
+                return Err(Error::protocol(
+                    "bad magic: the peer is not speaking the gpushm protocol",
+                ));
+            }
+            return Ok(None);
+        }
+        let mut r = Reader {
+            buf: &buf[..HEADER_LEN],
+        };
+        let magic = r.u32()?;
+        let version = r.u16()?;
+        let kind = r.u16()?;
+        let len = r.u32()?;
+        let nfds = r.u32()?;
+        if magic != WIRE_MAGIC {
+            return Err(Error::protocol(
+                "bad magic: the peer is not speaking the gpushm protocol",
+            ));
+        }
+        if version != PROTOCOL_VERSION {
+            return Err(Error::protocol(format!(
+                "protocol version {version} is not supported (this side speaks {PROTOCOL_VERSION}); \
+                 use the same gpushm version on both sides"
+            )));
+        }
+        if len > MAX_PAYLOAD {
+            return Err(Error::protocol(format!(
+                "message of {len} bytes exceeds the {MAX_PAYLOAD}-byte limit"
+            )));
+        }
+        if nfds > MAX_FDS {
+            return Err(Error::protocol(format!(
+                "message announces {nfds} descriptors, at most {MAX_FDS} allowed"
+            )));
+        }
+        let total = HEADER_LEN + len as usize;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        let mut r = Reader {
+            buf: &buf[HEADER_LEN..total],
+        };
+        let msg = match kind {
+            1 => Message::Hello {
+                flags: r.u32()?,
+                pid: r.u32()?,
+                name: r.str()?,
+            },
+            2 => Message::Welcome {
+                client_id: r.u32()?,
+                queue_capacity: r.u32()?,
+            },
+            3 => Message::Ring {
+                ring_gen: r.u32()?,
+                slot_count: r.u32()?,
+                slot_size: r.u64()?,
+                total_size: r.u64()?,
+            },
+            4 => Message::Caps {
+                caps_gen: r.u32()?,
+                caps: r.str()?,
+            },
+            5 => Message::Eos,
+            6 => Message::Error { message: r.str()? },
+            k => return Err(Error::protocol(format!("unknown message kind {k}"))),
+        };
+        if !r.buf.is_empty() {
+            return Err(Error::protocol(format!(
+                "{} trailing bytes after a {:?} message",
+                r.buf.len(),
+                kind
+            )));
+        }
+        if nfds != msg.expected_fds() {
+            return Err(Error::protocol(format!(
+                "message kind {kind} announces {nfds} descriptors, {} expected",
+                msg.expected_fds()
+            )));
+        }
+        Ok(Some((msg, total, nfds)))
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        if self.buf.len() < n {
+            return Err(Error::protocol("truncated message"));
+        }
+        let (a, b) = self.buf.split_at(n);
+        self.buf = b;
+        Ok(a)
+    }
+    fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(
+            self.take(2)?.try_into().expect("2 bytes"),
+        ))
+    }
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+    fn str(&mut self) -> Result<String> {
+        let len = self.u32()? as usize;
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| Error::protocol("string is not UTF-8"))
+    }
+}
+
+/// One end of the control socket: framing, descriptor passing, and a receive buffer so that
+/// partial reads and several messages per read both work.
+pub struct Conn {
+    stream: UnixStream,
+    rbuf: Vec<u8>,
+    fds: VecDeque<OwnedFd>,
+    eof: bool,
+}
+
+impl Conn {
+    pub fn new(stream: UnixStream) -> Self {
+        Self {
+            stream,
+            rbuf: Vec::new(),
+            fds: VecDeque::new(),
+            eof: false,
+        }
+    }
+
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    pub fn raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Sends `msg` with `fds`; never blocks for long: a peer whose socket buffer is full
+    /// (it stopped reading) gets an error instead of stalling the sender.
+    pub fn send(&self, msg: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        assert_eq!(
+            fds.len() as u32,
+            msg.expected_fds(),
+            "descriptor count for {msg:?}"
+        );
+        let bytes = msg.encode();
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let mut sent = 0;
+        while sent < bytes.len() {
+            let iov = [IoSlice::new(&bytes[sent..])];
+            let cmsg = [ControlMessage::ScmRights(&raw)];
+            let cmsgs: &[ControlMessage] = if sent == 0 && !raw.is_empty() {
+                &cmsg
+            } else {
+                &[]
+            };
+            match sendmsg::<UnixAddr>(
+                self.stream.as_raw_fd(),
+                &iov,
+                cmsgs,
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(n) => sent += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::EAGAIN) => {
+                    // Allow a slow reader one second before giving up on it.
+                    let mut pfd = [PollFd::new(self.stream_fd(), PollFlags::POLLOUT)];
+                    if poll(&mut pfd, PollTimeout::from(1000u16))
+                        .map_err(|e| Error::os("poll", e))?
+                        == 0
+                    {
+                        return Err(Error::Timeout("the peer does not read its socket".into()));
+                    }
+                }
+                Err(nix::errno::Errno::EPIPE) | Err(nix::errno::Errno::ECONNRESET) => {
+                    return Err(Error::Disconnected)
+                }
+                Err(e) => return Err(Error::os("sendmsg", e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn stream_fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.stream.as_fd()
+    }
+
+    /// Reads whatever is available without blocking. Returns Ok(false) if nothing was read.
+    /// After the peer closed its end, returns `Error::Disconnected` once buffered messages are
+    /// parsed.
+    pub fn fill(&mut self) -> Result<bool> {
+        if self.eof {
+            return Ok(false);
+        }
+        let mut buf = [0u8; 4096];
+        let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS as usize]);
+        let (n, fds) = {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            let msg = match recvmsg::<UnixAddr>(
+                self.stream.as_raw_fd(),
+                &mut iov,
+                Some(&mut cmsg),
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+            ) {
+                Ok(m) => m,
+                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+                Err(nix::errno::Errno::ECONNRESET) => {
+                    self.eof = true;
+                    return Ok(false);
+                }
+                Err(e) => return Err(Error::os("recvmsg", e)),
+            };
+            let mut fds = Vec::new();
+            let cmsgs = msg
+                .cmsgs()
+                .map_err(|_| Error::protocol("too many descriptors (control data truncated)"))?;
+            for c in cmsgs {
+                if let ControlMessageOwned::ScmRights(list) = c {
+                    for fd in list {
+                        // SAFETY: the kernel just installed this descriptor for us.
+                        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
+                    }
+                }
+            }
+            (msg.bytes, fds)
+        };
+        if n == 0 && fds.is_empty() {
+            self.eof = true;
+            return Ok(false);
+        }
+        self.rbuf.extend_from_slice(&buf[..n]);
+        self.fds.extend(fds);
+        if self.fds.len() > 4 * MAX_FDS as usize {
+            return Err(Error::protocol(
+                "the peer sent descriptors no message announced",
+            ));
+        }
+        if self.rbuf.len() > 2 * (HEADER_LEN + MAX_PAYLOAD as usize) {
+            return Err(Error::protocol(
+                "the peer sent more data than any message holds",
+            ));
+        }
+        Ok(true)
+    }
+
+    /// Takes one complete message from the receive buffer, if there is one.
+    pub fn next_buffered(&mut self) -> Result<Option<(Message, Vec<OwnedFd>)>> {
+        match Message::decode(&self.rbuf)? {
+            Some((msg, used, nfds)) => {
+                if (self.fds.len() as u32) < nfds {
+                    return Err(Error::protocol(format!(
+                        "{msg:?} arrived without its {nfds} descriptors"
+                    )));
+                }
+                self.rbuf.drain(..used);
+                let fds = self.fds.drain(..nfds as usize).collect();
+                Ok(Some((msg, fds)))
+            }
+            None if self.eof => Err(Error::Disconnected),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads without blocking and returns the next complete message, if any.
+    pub fn try_recv(&mut self) -> Result<Option<(Message, Vec<OwnedFd>)>> {
+        loop {
+            if let Some(m) = self.next_buffered()? {
+                return Ok(Some(m));
+            }
+            if !self.fill()? && !self.eof {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// Blocks up to `timeout` for the next message. `wake` (if any) aborts the wait when it
+    /// becomes readable; then `Ok(None)` is returned.
+    pub fn recv_timeout(
+        &mut self,
+        timeout: Duration,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Result<Option<(Message, Vec<OwnedFd>)>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.try_recv()? {
+                return Ok(Some(m));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout("no answer from the peer".into()));
+            }
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let mut pfds = vec![PollFd::new(self.stream_fd(), PollFlags::POLLIN)];
+            if let Some(w) = wake {
+                pfds.push(PollFd::new(w, PollFlags::POLLIN));
+            }
+            match poll(
+                &mut pfds,
+                PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+            ) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => return Err(Error::os("poll", e)),
+            }
+            if pfds.len() > 1 && pfds[1].any().unwrap_or(false) {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    fn all() -> Vec<Message> {
+        vec![
+            Message::Hello {
+                flags: FLAG_LOSSLESS,
+                pid: 4242,
+                name: "gpushmsrc0".into(),
+            },
+            Message::Welcome {
+                client_id: 3,
+                queue_capacity: 128,
+            },
+            Message::Ring {
+                ring_gen: 2,
+                slot_count: 8,
+                slot_size: 1 << 22,
+                total_size: (8 << 22) + 4096,
+            },
+            Message::Caps {
+                caps_gen: 5,
+                caps: "video/x-raw, format=(string)NV12, width=(int)1920".into(),
+            },
+            Message::Eos,
+            Message::Error {
+                message: "über".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn every_message_round_trips() {
+        for m in all() {
+            let bytes = m.encode();
+            let (back, used, nfds) = Message::decode(&bytes).unwrap().unwrap();
+            assert_eq!(back, m);
+            assert_eq!(used, bytes.len());
+            assert_eq!(nfds, m.expected_fds());
+            // Every strict prefix asks for more bytes, never errors or panics.
+            for cut in 0..bytes.len() {
+                assert!(
+                    Message::decode(&bytes[..cut]).unwrap().is_none(),
+                    "{m:?} cut at {cut}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn byte_layout_is_explicit() {
+        let b = Message::Welcome {
+            client_id: 0x01020304,
+            queue_capacity: 9,
+        }
+        .encode();
+        assert_eq!(&b[0..4], b"GSHW");
+        assert_eq!(&b[4..6], &PROTOCOL_VERSION.to_le_bytes());
+        assert_eq!(&b[6..8], &2u16.to_le_bytes());
+        assert_eq!(&b[8..12], &8u32.to_le_bytes());
+        assert_eq!(&b[12..16], &3u32.to_le_bytes());
+        assert_eq!(&b[16..20], &[4, 3, 2, 1]);
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        assert!(Message::decode(b"GET / HTTP/1.1\r\n\r\n").is_err());
+        assert!(Message::decode(b"X").is_err());
+        let mut b = Message::Eos.encode();
+        b[4] = 99; // version
+        let e = Message::decode(&b).unwrap_err().to_string();
+        assert!(e.contains("version 99"), "{e}");
+        let mut b = Message::Eos.encode();
+        b[6] = 77; // kind
+        assert!(Message::decode(&b).is_err());
+        let mut b = Message::Eos.encode();
+        b[8..12].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes());
+        assert!(Message::decode(&b).is_err());
+        let mut b = Message::Eos.encode();
+        b[12..16].copy_from_slice(&2u32.to_le_bytes()); // fds Eos does not carry
+        assert!(Message::decode(&b).is_err());
+        // A string length pointing past the payload.
+        let mut b = Message::Error {
+            message: "abc".into(),
+        }
+        .encode();
+        b[16..20].copy_from_slice(&1000u32.to_le_bytes());
+        assert!(Message::decode(&b).is_err());
+        // Invalid UTF-8.
+        let mut b = Message::Error {
+            message: "abc".into(),
+        }
+        .encode();
+        b[20] = 0xff;
+        assert!(Message::decode(&b).is_err());
+    }
+
+    #[test]
+    fn descriptors_travel_with_their_message() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let a = Conn::new(a);
+        let mut b = Conn::new(b);
+        let efd = crate::ring::shm::new_eventfd().unwrap();
+        let mem = crate::ring::shm::create_sealed_memfd("t", 4096).unwrap();
+        let e2 = crate::ring::shm::new_eventfd().unwrap();
+        a.send(
+            &Message::Caps {
+                caps_gen: 1,
+                caps: "video/x-raw".into(),
+            },
+            &[],
+        )
+        .unwrap();
+        a.send(
+            &Message::Welcome {
+                client_id: 1,
+                queue_capacity: 4,
+            },
+            &[mem.as_fd(), efd.as_fd(), e2.as_fd()],
+        )
+        .unwrap();
+        a.send(&Message::Eos, &[]).unwrap();
+        let (m1, f1) = b
+            .recv_timeout(Duration::from_secs(1), None)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(m1, Message::Caps { .. }) && f1.is_empty());
+        let (m2, f2) = b
+            .recv_timeout(Duration::from_secs(1), None)
+            .unwrap()
+            .unwrap();
+        assert!(matches!(m2, Message::Welcome { client_id: 1, .. }));
+        assert_eq!(f2.len(), 3);
+        crate::ring::shm::check_sealed_memfd(f2[0].as_fd(), 4096, "client").unwrap();
+        let (m3, _) = b
+            .recv_timeout(Duration::from_secs(1), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(m3, Message::Eos);
+        drop(a);
+        assert!(matches!(
+            b.recv_timeout(Duration::from_secs(1), None),
+            Err(Error::Disconnected)
+        ));
+    }
+
+    #[test]
+    fn recv_times_out_and_wakes() {
+        let (_a, b) = UnixStream::pair().unwrap();
+        let mut b = Conn::new(b);
+        assert!(matches!(
+            b.recv_timeout(Duration::from_millis(20), None),
+            Err(Error::Timeout(_))
+        ));
+        let wake = crate::ring::shm::new_eventfd().unwrap();
+        crate::ring::shm::notify(&wake);
+        assert!(b
+            .recv_timeout(Duration::from_secs(10), Some(wake.as_fd()))
+            .unwrap()
+            .is_none());
+    }
+}
