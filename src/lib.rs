@@ -2,5 +2,33 @@
 #![allow(clippy::new_without_default)]
 //! gpushm: share live video between processes through a shared-memory ring that CUDA can read
 //! in place.
+//!
+//! - `gpushmsink`: serves a ring at a unix socket; upstream renders into it.
+//! - `gpushmsrc`: maps a producer's ring read-only and pushes buffers that point into it.
 
+use gst::glib;
+
+mod gpushmsink;
+mod gpushmsrc;
+pub mod memory;
 pub mod ring;
+
+pub use gpushmsrc::PUBLISH_TIMESTAMP_CAPS;
+
+fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    gpushmsink::register(plugin)?;
+    gpushmsrc::register(plugin)?;
+    Ok(())
+}
+
+gst::plugin_define!(
+    gpushm,
+    env!("CARGO_PKG_DESCRIPTION"),
+    plugin_init,
+    concat!(env!("CARGO_PKG_VERSION"), "-", env!("COMMIT_ID")),
+    "MPL",
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_NAME"),
+    env!("CARGO_PKG_REPOSITORY"),
+    env!("BUILD_REL_DATE")
+);

@@ -7,6 +7,7 @@
 //! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
 //! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
 
+pub mod client;
 pub mod consumer;
 pub mod layout;
 pub mod producer;

@@ -1,0 +1,596 @@
+// SPDX-License-Identifier: MPL-2.0
+/**
+ * SECTION:element-gpushmsink
+ * @see_also: gpushmsrc, shmsink, unixfdsink
+ *
+ * Shares raw video with any number of gpushmsrc elements in other processes through a
+ * shared-memory ring. Upstream renders straight into the ring through the buffer pool this
+ * sink proposes, and consumers map the same memory: no frame byte is copied on either side.
+ * Buffers that do not come from the pool are copied once into a free slot (counted in
+ * `stats` as frames-copied).
+ *
+ * The ring is a sealed memfd handed to consumers over the unix socket at `socket-path`, so
+ * nothing is ever left in /dev/shm, even after kill -9. A consumer that goes away gives back
+ * every slot it held at once; slow consumers are leaky unless they ask to be lossless.
+ *
+ * ## Example launch line
+ * |[
+ * gst-launch-1.0 videotestsrc is-live=true ! video/x-raw,format=NV12,width=1920,height=1080 ! gpushmsink socket-path=/tmp/cam
+ * ]|
+ * and in another terminal
+ * |[
+ * gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink
+ * ]|
+ */
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gst::glib;
+use gst::prelude::*;
+use gst::subclass::prelude::*;
+use gst_base::subclass::prelude::*;
+use gst_video::prelude::*;
+use once_cell::sync::Lazy;
+
+use super::pool::SlotPool;
+use super::server::{Event, Server};
+use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
+use crate::ring::producer::FrameMeta;
+
+static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
+    gst::DebugCategory::new(
+        "gpushmsink",
+        gst::DebugColorFlags::empty(),
+        Some("GPU shared-memory video sink"),
+    )
+});
+
+const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
+const DEFAULT_PERMS: u32 = 0o600;
+const DEFAULT_SLOTS: u32 = 8;
+
+#[derive(Debug, Clone)]
+struct Settings {
+    socket_path: Option<PathBuf>,
+    wait_for_connection: bool,
+    perms: u32,
+    slots: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            socket_path: None,
+            wait_for_connection: DEFAULT_WAIT_FOR_CONNECTION,
+            perms: DEFAULT_PERMS,
+            slots: DEFAULT_SLOTS,
+        }
+    }
+}
+
+enum State {
+    Stopped,
+    Started {
+        server: Arc<Server>,
+        info: Option<gst_video::VideoInfo>,
+        caps: Option<gst::Caps>,
+        pool: Option<SlotPool>,
+    },
+}
+
+pub struct GpuShmSink {
+    settings: Mutex<Settings>,
+    state: Mutex<State>,
+}
+
+impl Default for GpuShmSink {
+    fn default() -> Self {
+        Self {
+            settings: Mutex::new(Settings::default()),
+            state: Mutex::new(State::Stopped),
+        }
+    }
+}
+
+impl GpuShmSink {
+    fn settings(&self) -> MutexGuard<'_, Settings> {
+        self.settings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn server(&self) -> Option<Arc<Server>> {
+        match &*self.state() {
+            State::Started { server, .. } => Some(server.clone()),
+            State::Stopped => None,
+        }
+    }
+
+    fn stats_structure(&self) -> gst::Structure {
+        let Some(server) = self.server() else {
+            return gst::Structure::builder("application/x-gpushmsink-stats")
+                .field("frames-sent", 0u64)
+                .field("frames-copied", 0u64)
+                .field("frames-dropped", 0u64)
+                .field("clients", gst::Array::new(Vec::<gst::Structure>::new()))
+                .build();
+        };
+        let (s, clients) = server.stats();
+        let clients: Vec<gst::Structure> = clients
+            .into_iter()
+            .map(|c| {
+                gst::Structure::builder("client")
+                    .field("id", c.id)
+                    .field("pid", c.pid)
+                    .field("lossless", c.lossless)
+                    .field("frames-sent", c.sent)
+                    .field("frames-dropped", c.dropped)
+                    .field("held-slots", c.held as u32)
+                    .build()
+            })
+            .collect();
+        gst::Structure::builder("application/x-gpushmsink-stats")
+            .field("frames-sent", s.frames_sent)
+            .field("frames-copied", s.frames_copied)
+            .field("frames-dropped", s.frames_dropped)
+            .field("clients", gst::Array::new(clients))
+            .build()
+    }
+
+    /// Copies `buffer` into a free slot of the pool; returns the pool buffer.
+    fn copy_into_slot(
+        &self,
+        pool: &SlotPool,
+        info: &gst_video::VideoInfo,
+        caps: &gst::Caps,
+        buffer: &gst::Buffer,
+    ) -> Result<gst::Buffer, gst::FlowError> {
+        if !pool.is_active() {
+            let mut config = pool.config();
+            config.set_params(Some(caps), info.size() as u32, 0, 0);
+            config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+            if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Failed,
+                    ["Could not activate the ring's buffer pool"]
+                );
+                return Err(gst::FlowError::Error);
+            }
+        }
+        let mut out = pool.acquire_buffer(None)?;
+        let src = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
+            .map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Format,
+                    ["Input buffer does not match the caps"]
+                );
+                gst::FlowError::Error
+            })?;
+        {
+            let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
+            let mut dst = gst_video::VideoFrameRef::from_buffer_ref_writable(outref, info)
+                .map_err(|_| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::ResourceError::Failed,
+                        ["Could not map a ring slot"]
+                    );
+                    gst::FlowError::Error
+                })?;
+            src.copy(&mut dst).map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Failed,
+                    ["Copying the frame failed"]
+                );
+                gst::FlowError::Error
+            })?;
+        }
+        Ok(out)
+    }
+
+    fn frame_meta(&self, buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> FrameMeta {
+        let clock = |t: Option<gst::ClockTime>| -> u64 {
+            let obj = self.obj();
+            let seg = obj.segment();
+            let (Some(t), Some(base)) = (t, obj.base_time()) else {
+                return NONE_U64;
+            };
+            match seg
+                .downcast_ref::<gst::format::Time>()
+                .and_then(|s| s.to_running_time(t))
+            {
+                Some(rt) => (rt + base).nseconds(),
+                None => NONE_U64,
+            }
+        };
+        let mut m = FrameMeta {
+            payload_size: buffer.size() as u64,
+            pts: buffer.pts().map_or(NONE_U64, |t| t.nseconds()),
+            dts: buffer.dts().map_or(NONE_U64, |t| t.nseconds()),
+            duration: buffer.duration().map_or(NONE_U64, |t| t.nseconds()),
+            offset: buffer.offset(),
+            offset_end: buffer.offset_end(),
+            pts_clock: clock(buffer.pts()),
+            dts_clock: clock(buffer.dts()),
+            buffer_flags: buffer.flags().bits(),
+            video_format: info.format().into_glib() as u32,
+            width: info.width(),
+            height: info.height(),
+            ..Default::default()
+        };
+        let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
+        {
+            Some(vm) => (vm.offset().to_vec(), vm.stride().to_vec()),
+            None => (info.offset().to_vec(), info.stride().to_vec()),
+        };
+        let n = offsets.len().min(MAX_PLANES);
+        m.n_planes = n as u32;
+        for i in 0..n {
+            m.plane_offset[i] = offsets[i] as u64;
+            m.plane_stride[i] = strides[i].max(0) as u32;
+        }
+        m
+    }
+}
+
+use gst::glib::translate::IntoGlib;
+
+#[glib::object_subclass]
+impl ObjectSubclass for GpuShmSink {
+    const NAME: &'static str = "GstGpuShmSink";
+    type Type = super::GpuShmSink;
+    type ParentType = gst_base::BaseSink;
+}
+
+impl ObjectImpl for GpuShmSink {
+    fn properties() -> &'static [glib::ParamSpec] {
+        static PROPERTIES: Lazy<Vec<glib::ParamSpec>> = Lazy::new(|| {
+            vec![
+                glib::ParamSpecString::builder("socket-path")
+                    .nick("Socket path")
+                    .blurb("Path of the unix socket consumers connect to (required). A stale socket file left by a dead producer is replaced; a live producer on the path is an error.")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoolean::builder("wait-for-connection")
+                    .nick("Wait for connection")
+                    .blurb("Block the stream until at least one consumer is connected")
+                    .default_value(DEFAULT_WAIT_FOR_CONNECTION)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("perms")
+                    .nick("Permissions")
+                    .blurb("Permissions of the socket file (octal mode bits, e.g. 0600 = owner only, 0660 = group too)")
+                    .maximum(0o777)
+                    .default_value(DEFAULT_PERMS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("slots")
+                    .nick("Slots")
+                    .blurb("Frames in the shared ring: upstream, the sink and every consumer share them")
+                    .minimum(2)
+                    .maximum(MAX_SLOTS)
+                    .default_value(DEFAULT_SLOTS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt::builder("num-clients")
+                    .nick("Number of clients")
+                    .blurb("Consumers connected now")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
+                    .nick("Statistics")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (taken back from leaky consumers that fell behind), and per-client counters")
+                    .read_only()
+                    .build(),
+            ]
+        });
+        PROPERTIES.as_ref()
+    }
+
+    fn signals() -> &'static [glib::subclass::Signal] {
+        static SIGNALS: Lazy<Vec<glib::subclass::Signal>> = Lazy::new(|| {
+            vec![
+                glib::subclass::Signal::builder("client-connected")
+                    .param_types([i32::static_type()])
+                    .build(),
+                glib::subclass::Signal::builder("client-disconnected")
+                    .param_types([i32::static_type()])
+                    .build(),
+            ]
+        });
+        SIGNALS.as_ref()
+    }
+
+    fn set_property(&self, _id: usize, value: &glib::Value, pspec: &glib::ParamSpec) {
+        let mut s = self.settings();
+        match pspec.name() {
+            "socket-path" => {
+                s.socket_path = value
+                    .get::<Option<String>>()
+                    .expect("type checked")
+                    .map(PathBuf::from)
+            }
+            "wait-for-connection" => s.wait_for_connection = value.get().expect("type checked"),
+            "perms" => s.perms = value.get().expect("type checked"),
+            "slots" => s.slots = value.get().expect("type checked"),
+            _ => unimplemented!(),
+        }
+    }
+
+    fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
+        match pspec.name() {
+            "socket-path" => self
+                .settings()
+                .socket_path
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned())
+                .to_value(),
+            "wait-for-connection" => self.settings().wait_for_connection.to_value(),
+            "perms" => self.settings().perms.to_value(),
+            "slots" => self.settings().slots.to_value(),
+            "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),
+            "stats" => self.stats_structure().to_value(),
+            _ => unimplemented!(),
+        }
+    }
+}
+
+impl GstObjectImpl for GpuShmSink {}
+
+impl ElementImpl for GpuShmSink {
+    fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
+        static META: Lazy<gst::subclass::ElementMetadata> = Lazy::new(|| {
+            gst::subclass::ElementMetadata::new(
+                "GPU shared-memory video sink",
+                "Sink/Video",
+                "Shares raw video with gpushmsrc in other processes through a zero-copy shared-memory ring that CUDA can read in place",
+                "gpushm developers",
+            )
+        });
+        Some(&*META)
+    }
+
+    fn pad_templates() -> &'static [gst::PadTemplate] {
+        static TEMPLATES: Lazy<Vec<gst::PadTemplate>> = Lazy::new(|| {
+            let caps = gst::Caps::builder("video/x-raw").build();
+            vec![gst::PadTemplate::new(
+                "sink",
+                gst::PadDirection::Sink,
+                gst::PadPresence::Always,
+                &caps,
+            )
+            .expect("valid template")]
+        });
+        TEMPLATES.as_ref()
+    }
+}
+
+impl BaseSinkImpl for GpuShmSink {
+    fn start(&self) -> Result<(), gst::ErrorMessage> {
+        let s = self.settings().clone();
+        let Some(path) = s.socket_path else {
+            return Err(gst::error_msg!(
+                gst::ResourceError::NotFound,
+                ["socket-path is not set: give gpushmsink a socket-path=/some/path for consumers to connect to"]
+            ));
+        };
+        let weak = self.obj().downgrade();
+        let on_event = Box::new(move |e: Event| {
+            let Some(obj) = weak.upgrade() else { return };
+            match e {
+                Event::Connected { id, pid, uid, name } => {
+                    gst::info!(
+                        CAT,
+                        obj = obj,
+                        "client {id} connected: pid {pid}, uid {uid}, {name}"
+                    );
+                    obj.emit_by_name::<()>("client-connected", &[&(id as i32)]);
+                    obj.notify("num-clients");
+                }
+                Event::Disconnected { id, reason } => {
+                    if id == 0 {
+                        gst::warning!(CAT, obj = obj, "rejected a connection: {reason}");
+                    } else {
+                        gst::info!(CAT, obj = obj, "client {id} disconnected: {reason}");
+                        obj.emit_by_name::<()>("client-disconnected", &[&(id as i32)]);
+                        obj.notify("num-clients");
+                    }
+                }
+            }
+        });
+        let server = Server::start(&path, s.perms, on_event).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::OpenWrite,
+                ["Cannot serve {}: {}", path.display(), e]
+            )
+        })?;
+        gst::debug!(CAT, imp = self, "listening on {}", path.display());
+        *self.state() = State::Started {
+            server,
+            info: None,
+            caps: None,
+            pool: None,
+        };
+        Ok(())
+    }
+
+    fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        let old = std::mem::replace(&mut *self.state(), State::Stopped);
+        if let State::Started { server, pool, .. } = old {
+            server.stop();
+            if let Some(pool) = pool {
+                let _ = pool.set_active(false);
+            }
+        }
+        Ok(())
+    }
+
+    fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let info = gst_video::VideoInfo::from_caps(caps)
+            .map_err(|_| gst::loggable_error!(CAT, "Unsupported caps {}", caps))?;
+        if info.n_planes() as usize > MAX_PLANES {
+            return Err(gst::loggable_error!(
+                CAT,
+                "{} planes are more than {}",
+                info.n_planes(),
+                MAX_PLANES
+            ));
+        }
+        let slots = self.settings().slots;
+        let mut state = self.state();
+        let State::Started {
+            server,
+            info: cur_info,
+            caps: cur_caps,
+            pool,
+        } = &mut *state
+        else {
+            return Err(gst::loggable_error!(CAT, "Not started"));
+        };
+        if cur_caps.as_ref().is_some_and(|c| c == caps) {
+            return Ok(());
+        }
+        let new_pool = server
+            .new_ring(slots, info.size() as u64, caps)
+            .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
+        gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
+        if let Some(old) = pool.replace(new_pool) {
+            let _ = old.set_active(false);
+        }
+        *cur_info = Some(info);
+        *cur_caps = Some(caps.clone());
+        Ok(())
+    }
+
+    fn propose_allocation(
+        &self,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        let caps = query.get().0.map(|c| c.to_owned());
+        query.add_allocation_meta::<gst_video::VideoMeta>(None);
+        let state = self.state();
+        if let (
+            Some(caps),
+            State::Started {
+                caps: Some(cur),
+                info: Some(info),
+                pool: Some(pool),
+                ..
+            },
+        ) = (caps, &*state)
+        {
+            if &caps == cur && !pool.is_active() {
+                let n = pool.ring().map_or(0, |r| r.slot_count());
+                query.add_allocation_pool(Some(pool), info.size() as u32, 0, n);
+            }
+        }
+        Ok(())
+    }
+
+    fn event(&self, event: gst::Event) -> bool {
+        match event.view() {
+            gst::EventView::Eos(_) => {
+                if let Some(s) = self.server() {
+                    s.send_eos();
+                }
+            }
+            gst::EventView::FlushStop(_) | gst::EventView::StreamStart(_) => {
+                if let Some(s) = self.server() {
+                    s.clear_eos();
+                }
+            }
+            _ => {}
+        }
+        self.parent_event(event)
+    }
+
+    fn unlock(&self) -> Result<(), gst::ErrorMessage> {
+        if let State::Started { server, pool, .. } = &*self.state() {
+            server.set_unlocked(true);
+            if let Some(p) = pool {
+                p.set_flushing(true);
+            }
+        }
+        Ok(())
+    }
+
+    fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
+        if let State::Started { server, pool, .. } = &*self.state() {
+            server.set_unlocked(false);
+            if let Some(p) = pool {
+                p.set_flushing(false);
+            }
+        }
+        Ok(())
+    }
+
+    fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let wait = self.settings().wait_for_connection;
+        let (server, info, caps, pool) = match &*self.state() {
+            State::Started {
+                server,
+                info: Some(info),
+                caps: Some(caps),
+                pool: Some(pool),
+            } => (server.clone(), info.clone(), caps.clone(), pool.clone()),
+            _ => {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ["Got a buffer before caps"]
+                );
+                return Err(gst::FlowError::NotNegotiated);
+            }
+        };
+        if wait && !server.wait_for_client() {
+            return Err(gst::FlowError::Flushing);
+        }
+        let ring = pool.ring().ok_or(gst::FlowError::Error)?;
+        let gen = ring.ring_gen();
+        let own = pool
+            .slot_of(buffer)
+            .filter(|&slot| server.slot_is_free(gen, slot));
+        let (slot, frame) = match own {
+            Some(slot) => (slot, buffer.clone()),
+            None => {
+                let out = self.copy_into_slot(&pool, &info, &caps, buffer)?;
+                server.count_copy();
+                let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
+                gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
+                // Keep timestamps and flags of the original.
+                let mut out = out;
+                {
+                    let o = out.make_mut();
+                    let _ = buffer.copy_into(
+                        o,
+                        gst::BufferCopyFlags::FLAGS | gst::BufferCopyFlags::TIMESTAMPS,
+                        ..,
+                    );
+                }
+                (slot, out)
+            }
+        };
+        let mut meta = self.frame_meta(&frame, &info);
+        if own.is_none() {
+            // The copy has the pool's default layout.
+            meta.n_planes = info.n_planes();
+            for i in 0..info.n_planes() as usize {
+                meta.plane_offset[i] = info.offset()[i] as u64;
+                meta.plane_stride[i] = info.stride()[i].max(0) as u32;
+            }
+        }
+        server.publish(gen, slot, meta).map_err(|e| {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Write,
+                ["Publishing a frame failed: {}", e]
+            );
+            gst::FlowError::Error
+        })?;
+        drop(frame);
+        Ok(gst::FlowSuccess::Ok)
+    }
+}

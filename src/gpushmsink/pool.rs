@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A buffer pool whose buffers are the slots of one ring, so that upstream renders straight
+//! into shared memory.
+//!
+//! A buffer that comes back to the pool while consumers still hold its slot is parked by the
+//! server and handed back to the pool only when the last consumer released it.
+
+use std::sync::{Arc, Mutex, Weak};
+
+use gst::glib;
+use gst::subclass::prelude::*;
+
+use super::server::Server;
+use crate::memory::wrap_slot_memory;
+use crate::ring::producer::ProducerRing;
+
+glib::wrapper! {
+    pub struct SlotPool(ObjectSubclass<imp::SlotPool>) @extends gst::BufferPool, gst::Object;
+}
+
+impl SlotPool {
+    pub fn new(ring: Arc<ProducerRing>, server: Weak<Server>) -> Self {
+        let pool: Self = glib::Object::new();
+        let mut st = pool.imp().state.lock().unwrap_or_else(|e| e.into_inner());
+        st.free_slots = (0..ring.slot_count()).rev().collect();
+        st.ring = Some(ring);
+        st.server = server;
+        drop(st);
+        pool
+    }
+
+    pub fn ring(&self) -> Option<Arc<ProducerRing>> {
+        self.imp()
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ring
+            .clone()
+    }
+
+    /// Puts a buffer back into the pool's free queue (after every consumer released it).
+    pub fn requeue(&self, buffer: gst::Buffer) {
+        self.imp().requeue(buffer);
+    }
+
+    /// The slot a pool buffer wraps.
+    pub fn slot_of(&self, buffer: &gst::BufferRef) -> Option<u32> {
+        let ring = self.ring()?;
+        slot_of_buffer(&ring, buffer)
+    }
+}
+
+/// The slot of `ring` whose memory `buffer` is, if it is exactly one slot.
+pub fn slot_of_buffer(ring: &ProducerRing, buffer: &gst::BufferRef) -> Option<u32> {
+    if buffer.n_memory() != 1 {
+        return None;
+    }
+    let mem = buffer.peek_memory(0);
+    if mem.offset() != 0 {
+        return None;
+    }
+    let map = mem.map_readable().ok()?;
+    let slot = ring.slot_of_ptr(map.as_ptr())?;
+    (map.size() as u64 <= ring.slot_size()).then_some(slot)
+}
+
+mod imp {
+    use super::*;
+
+    #[derive(Default)]
+    pub struct State {
+        pub ring: Option<Arc<ProducerRing>>,
+        pub server: Weak<Server>,
+        pub free_slots: Vec<u32>,
+        pub size: usize,
+        pub video_info: Option<gst_video::VideoInfo>,
+    }
+
+    #[derive(Default)]
+    pub struct SlotPool {
+        pub state: Mutex<State>,
+    }
+
+    #[glib::object_subclass]
+    impl ObjectSubclass for SlotPool {
+        const NAME: &'static str = "GstGpuShmSlotPool";
+        type Type = super::SlotPool;
+        type ParentType = gst::BufferPool;
+    }
+
+    impl ObjectImpl for SlotPool {}
+    impl GstObjectImpl for SlotPool {}
+
+    impl SlotPool {
+        pub fn requeue(&self, buffer: gst::Buffer) {
+            self.parent_release_buffer(buffer);
+        }
+    }
+
+    impl BufferPoolImpl for SlotPool {
+        fn options() -> &'static [&'static str] {
+            static OPTIONS: [&str; 1] = ["GstBufferPoolOptionVideoMeta"];
+            &OPTIONS
+        }
+
+        fn set_config(&self, config: &mut gst::BufferPoolConfigRef) -> bool {
+            let Some((caps, size, min, _max)) = config.params() else {
+                return false;
+            };
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(ring) = st.ring.clone() else {
+                return false;
+            };
+            let n = ring.slot_count();
+            if size as u64 > ring.slot_size() || size == 0 {
+                return false;
+            }
+            st.size = size as usize;
+            st.video_info = caps
+                .as_ref()
+                .and_then(|c| gst_video::VideoInfo::from_caps(c).ok());
+            drop(st);
+            // Never more buffers than slots.
+            config.set_params(caps.as_ref(), size, min.min(n), n);
+            self.parent_set_config(config)
+        }
+
+        fn alloc_buffer(
+            &self,
+            _params: Option<&gst::BufferPoolAcquireParams>,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let ring = st.ring.clone().ok_or(gst::FlowError::Error)?;
+            let slot = st.free_slots.pop().ok_or(gst::FlowError::Eos)?;
+            let mem = wrap_slot_memory(
+                ring.slot_ptr(slot),
+                ring.slot_size() as usize,
+                st.size,
+                false,
+                Box::new(ring),
+            );
+            let mut buffer = gst::Buffer::new();
+            {
+                let b = buffer.get_mut().expect("new buffer is writable");
+                b.append_memory(mem);
+                if let Some(info) = &st.video_info {
+                    let _ = gst_video::VideoMeta::add_full(
+                        b,
+                        gst_video::VideoFrameFlags::empty(),
+                        info.format(),
+                        info.width(),
+                        info.height(),
+                        info.offset(),
+                        info.stride(),
+                    );
+                }
+            }
+            Ok(buffer)
+        }
+
+        fn free_buffer(&self, buffer: gst::Buffer) {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(slot) = st.ring.as_ref().and_then(|r| slot_of_buffer(r, &buffer)) {
+                st.free_slots.push(slot);
+            }
+        }
+
+        fn release_buffer(&self, buffer: gst::Buffer) {
+            let (server, ring) = {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                (st.server.upgrade(), st.ring.clone())
+            };
+            let slot = ring.as_ref().and_then(|r| slot_of_buffer(r, &buffer));
+            match (server, ring, slot) {
+                (Some(server), Some(ring), Some(slot)) => {
+                    if let Some(buffer) = server.buffer_returned(ring.ring_gen(), slot, buffer) {
+                        self.parent_release_buffer(buffer);
+                    }
+                }
+                _ => self.parent_release_buffer(buffer),
+            }
+        }
+    }
+}

@@ -1,0 +1,783 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The producer side's connection handling: the listening socket, one thread that accepts
+//! clients, runs their handshake, notices them leave (HUP) and takes back the slots they
+//! release, and `publish()`, which the streaming thread calls for every frame.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::EventFd;
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+
+use super::pool::SlotPool;
+use crate::ring::layout::CLIENT_QUEUE_CAPACITY;
+use crate::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
+use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS};
+use crate::ring::{shm, Error, Result};
+
+/// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
+/// back (and counted as dropped) so that it never holds the producer up.
+pub const LEAKY_BACKLOG: usize = 2;
+/// A connection must complete its handshake within this time.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    Connected {
+        id: u32,
+        pid: i32,
+        uid: u32,
+        name: String,
+    },
+    Disconnected {
+        id: u32,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub frames_sent: u64,
+    pub frames_copied: u64,
+    pub frames_dropped: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ClientStats {
+    pub id: u32,
+    pub pid: i32,
+    pub lossless: bool,
+    pub sent: u64,
+    pub dropped: u64,
+    pub held: usize,
+}
+
+struct SlotState {
+    client_refs: u32,
+    parked: Option<gst::Buffer>,
+}
+
+struct RingState {
+    ring: Arc<ProducerRing>,
+    pool: SlotPool,
+    slots: Vec<SlotState>,
+}
+
+struct Client {
+    id: u32,
+    pid: i32,
+    conn: Conn,
+    ch: ClientChannel,
+    ready: EventFd,
+    release: EventFd,
+    lossless: bool,
+    sent: u64,
+}
+
+/// A connection that has not said Hello yet.
+struct Pending {
+    conn: Conn,
+    since: Instant,
+    pid: i32,
+    uid: u32,
+}
+
+struct Inner {
+    rings: Vec<RingState>,
+    clients: Vec<Client>,
+    pending: Vec<Pending>,
+    caps: Option<(u32, String)>,
+    eos: bool,
+    next_seq: u64,
+    next_client_id: u32,
+    next_ring_gen: u32,
+    stats: Stats,
+    shutdown: bool,
+    unlocked: bool,
+    events: Vec<Event>,
+}
+
+pub struct Server {
+    inner: Mutex<Inner>,
+    /// Signalled when a client connects, or on unlock/shutdown (wait-for-connection).
+    changed: Condvar,
+    wake: EventFd,
+    listener: UnixListener,
+    path: PathBuf,
+    inode: u64,
+    on_event: Box<dyn Fn(Event) + Send + Sync>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Binds `path`, replacing a stale socket file nobody listens on. A live producer on the path
+/// is an error.
+fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(Error::protocol(format!(
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            )));
+        }
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(Error::protocol(format!(
+                    "another producer is already serving {}; stop it or pick another socket-path",
+                    path.display()
+                )))
+            }
+            Err(_) => {
+                // Stale: left by a producer that died without cleaning up.
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+    // Bind under a temporary name, fix permissions, then move into place: no client can ever
+    // connect to a socket with looser permissions than asked for.
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".gpushm-{}-{}.tmp",
+        std::process::id(),
+        crate::ring::monotonic_ns()
+    ));
+    let listener = UnixListener::bind(&tmp).map_err(|e| {
+        Error::os(
+            format!("cannot create socket {}", path.display()),
+            errno(&e),
+        )
+    })?;
+    let done = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(perms & 0o777))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::os(
+            format!("cannot create socket {}", path.display()),
+            errno(&e),
+        ));
+    }
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::os("fcntl", errno(&e)))?;
+    Ok(listener)
+}
+
+fn errno(e: &std::io::Error) -> nix::errno::Errno {
+    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
+}
+
+impl Server {
+    pub fn start(
+        path: &Path,
+        perms: u32,
+        on_event: Box<dyn Fn(Event) + Send + Sync>,
+    ) -> Result<Arc<Self>> {
+        let listener = bind(path, perms)?;
+        let inode = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
+        let server = Arc::new(Self {
+            inner: Mutex::new(Inner {
+                rings: Vec::new(),
+                clients: Vec::new(),
+                pending: Vec::new(),
+                caps: None,
+                eos: false,
+                next_seq: 1,
+                next_client_id: 1,
+                next_ring_gen: 1,
+                stats: Stats::default(),
+                shutdown: false,
+                unlocked: false,
+                events: Vec::new(),
+            }),
+            changed: Condvar::new(),
+            wake: shm::new_eventfd()?,
+            listener,
+            path: path.to_owned(),
+            inode,
+            on_event,
+            thread: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&server);
+        let handle = std::thread::Builder::new()
+            .name("gpushmsink-ipc".into())
+            .spawn(move || {
+                while let Some(s) = weak.upgrade() {
+                    if !s.serve_once() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| Error::os("spawning the connection thread", errno(&e)))?;
+        *server.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(server)
+    }
+
+    /// Stops the connection thread, disconnects every client and removes the socket file.
+    pub fn stop(&self) {
+        lock(&self.inner).shutdown = true;
+        shm::notify(&self.wake);
+        self.changed.notify_all();
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+        let parked: Vec<gst::Buffer> = {
+            let mut inner = lock(&self.inner);
+            inner.clients.clear();
+            inner.pending.clear();
+            inner
+                .rings
+                .iter_mut()
+                .flat_map(|r| r.slots.iter_mut().filter_map(|s| s.parked.take()))
+                .collect()
+        };
+        drop(parked);
+        // Remove the socket only if it is still ours (a new producer may have replaced it).
+        if std::fs::metadata(&self.path).map(|m| m.ino()).ok() == Some(self.inode) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    pub fn set_unlocked(&self, unlocked: bool) {
+        lock(&self.inner).unlocked = unlocked;
+        self.changed.notify_all();
+    }
+
+    pub fn num_clients(&self) -> usize {
+        lock(&self.inner).clients.len()
+    }
+
+    pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
+        let inner = lock(&self.inner);
+        let clients = inner
+            .clients
+            .iter()
+            .map(|c| ClientStats {
+                id: c.id,
+                pid: c.pid,
+                lossless: c.lossless,
+                sent: c.sent,
+                dropped: c.ch.dropped(),
+                held: c.ch.held_len() + c.ch.pending_len(),
+            })
+            .collect();
+        (inner.stats, clients)
+    }
+
+    pub fn count_copy(&self) {
+        lock(&self.inner).stats.frames_copied += 1;
+    }
+
+    /// Blocks until a client is connected; false if unlocked or stopped first.
+    pub fn wait_for_client(&self) -> bool {
+        let mut inner = lock(&self.inner);
+        loop {
+            if !inner.clients.is_empty() {
+                return true;
+            }
+            if inner.unlocked || inner.shutdown {
+                return false;
+            }
+            inner = self.changed.wait(inner).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Creates a ring of `slots` slots for frames of `frame_size` bytes with `caps`, makes it
+    /// current, and announces it to every client.
+    pub fn new_ring(
+        self: &Arc<Self>,
+        slots: u32,
+        frame_size: u64,
+        caps: &gst::Caps,
+    ) -> Result<SlotPool> {
+        let mut inner = lock(&self.inner);
+        let gen = inner.next_ring_gen;
+        let ring = Arc::new(ProducerRing::create(gen, slots, frame_size)?);
+        inner.next_ring_gen += 1;
+        let pool = SlotPool::new(ring.clone(), Arc::downgrade(self));
+        let caps_gen = inner.caps.as_ref().map_or(1, |c| c.0 + 1);
+        inner.caps = Some((caps_gen, caps.to_string()));
+        inner.rings.push(RingState {
+            ring,
+            pool: pool.clone(),
+            slots: (0..slots)
+                .map(|_| SlotState {
+                    client_refs: 0,
+                    parked: None,
+                })
+                .collect(),
+        });
+        let mut failed = Vec::new();
+        for c in &inner.clients {
+            if let Err(e) = Self::send_ring_and_caps(&inner, c) {
+                failed.push((c.id, e.to_string()));
+            }
+        }
+        for (id, why) in failed {
+            self.drop_client(&mut inner, id, why);
+        }
+        Self::retire_idle_rings(&mut inner);
+        let events = std::mem::take(&mut inner.events);
+        drop(inner);
+        self.emit(events);
+        Ok(pool)
+    }
+
+    /// True if no client references `slot` of the current ring, so it can carry a new frame.
+    pub fn slot_is_free(&self, ring_gen: u32, slot: u32) -> bool {
+        let inner = lock(&self.inner);
+        inner.rings.last().is_some_and(|r| {
+            r.ring.ring_gen() == ring_gen
+                && r.slots
+                    .get(slot as usize)
+                    .is_some_and(|s| s.client_refs == 0)
+        })
+    }
+
+    pub fn current_pool(&self) -> Option<SlotPool> {
+        lock(&self.inner).rings.last().map(|r| r.pool.clone())
+    }
+
+    pub fn caps_gen(&self) -> u32 {
+        lock(&self.inner).caps.as_ref().map_or(0, |c| c.0)
+    }
+
+    fn send_ring_and_caps(inner: &Inner, c: &Client) -> Result<()> {
+        if let Some(r) = inner.rings.last() {
+            let g = r.ring.geometry();
+            let ro = r.ring.read_only_fd()?;
+            c.conn.send(
+                &Message::Ring {
+                    ring_gen: r.ring.ring_gen(),
+                    slot_count: g.slot_count,
+                    slot_size: g.slot_size,
+                    total_size: g.total_size,
+                },
+                &[ro.as_fd()],
+            )?;
+        }
+        if let Some((caps_gen, caps)) = &inner.caps {
+            c.conn.send(
+                &Message::Caps {
+                    caps_gen: *caps_gen,
+                    caps: caps.clone(),
+                },
+                &[],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Tells every client the stream ended (after every frame published so far).
+    pub fn send_eos(&self) {
+        let mut inner = lock(&self.inner);
+        inner.eos = true;
+        let failed: Vec<(u32, String)> = inner
+            .clients
+            .iter()
+            .filter_map(|c| {
+                c.conn
+                    .send(&Message::Eos, &[])
+                    .err()
+                    .map(|e| (c.id, e.to_string()))
+            })
+            .collect();
+        for (id, why) in failed {
+            self.drop_client(&mut inner, id, why);
+        }
+        let events = std::mem::take(&mut inner.events);
+        drop(inner);
+        self.emit(events);
+    }
+
+    /// A new stream starts (flush or restart after EOS).
+    pub fn clear_eos(&self) {
+        lock(&self.inner).eos = false;
+    }
+
+    /// Publishes the frame in `slot` of ring `ring_gen` to every client.
+    pub fn publish(&self, ring_gen: u32, slot: u32, mut meta: FrameMeta) -> Result<()> {
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        let ri = inner
+            .rings
+            .iter()
+            .position(|r| r.ring.ring_gen() == ring_gen)
+            .ok_or_else(|| Error::protocol(format!("ring {ring_gen} is gone")))?;
+        if inner.rings[ri].slots[slot as usize].client_refs != 0 {
+            return Err(Error::protocol(format!(
+                "slot {slot} is still held by consumers"
+            )));
+        }
+        let seq = inner.next_seq;
+        inner.next_seq += 1;
+        meta.caps_gen = inner.caps.as_ref().map_or(0, |c| c.0);
+        meta.publish_ns = crate::ring::monotonic_ns();
+        inner.rings[ri].ring.publish(slot, seq, &meta);
+        inner.stats.frames_sent += 1;
+        let entry = Entry {
+            seq,
+            ring_gen,
+            slot,
+        };
+        let mut failed = Vec::new();
+        let mut released = Vec::new();
+        for c in inner.clients.iter_mut() {
+            let r = (|| -> Result<()> {
+                if !c.lossless {
+                    while c.ch.pending_len() >= LEAKY_BACKLOG {
+                        match c.ch.revoke_oldest()? {
+                            Some(old) => {
+                                released.push(old);
+                                inner.stats.frames_dropped += 1;
+                            }
+                            None => break,
+                        }
+                    }
+                }
+                c.ch.deliver(entry)
+            })();
+            match r {
+                Ok(()) => {
+                    c.sent += 1;
+                    inner.rings[ri].slots[slot as usize].client_refs += 1;
+                    shm::notify(&c.ready);
+                }
+                Err(e) => failed.push((c.id, e.to_string())),
+            }
+        }
+        let mut back = Vec::new();
+        for e in released {
+            Self::unref_slot(inner, e, &mut back);
+        }
+        for (id, why) in failed {
+            self.drop_client(inner, id, why);
+        }
+        let events = std::mem::take(&mut inner.events);
+        // Return buffers to their pool without our lock held.
+        drop(guard);
+        self.give_back(back);
+        self.emit(events);
+        Ok(())
+    }
+
+    /// The pool got `buffer` back. Returns it if no client holds its slot, otherwise parks it
+    /// until the last one released it.
+    pub fn buffer_returned(
+        &self,
+        ring_gen: u32,
+        slot: u32,
+        buffer: gst::Buffer,
+    ) -> Option<gst::Buffer> {
+        let mut inner = lock(&self.inner);
+        let shutdown = inner.shutdown;
+        let Some(r) = inner
+            .rings
+            .iter_mut()
+            .find(|r| r.ring.ring_gen() == ring_gen)
+        else {
+            return Some(buffer);
+        };
+        let s = &mut r.slots[slot as usize];
+        if s.client_refs == 0 || shutdown {
+            Some(buffer)
+        } else {
+            s.parked = Some(buffer);
+            None
+        }
+    }
+
+    fn unref_slot(inner: &mut Inner, e: Entry, back: &mut Vec<(SlotPool, gst::Buffer)>) {
+        if let Some(r) = inner
+            .rings
+            .iter_mut()
+            .find(|r| r.ring.ring_gen() == e.ring_gen)
+        {
+            if let Some(s) = r.slots.get_mut(e.slot as usize) {
+                s.client_refs = s.client_refs.saturating_sub(1);
+                if s.client_refs == 0 {
+                    if let Some(b) = s.parked.take() {
+                        back.push((r.pool.clone(), b));
+                    }
+                }
+            }
+        }
+    }
+
+    fn give_back(&self, back: Vec<(SlotPool, gst::Buffer)>) {
+        for (pool, b) in back {
+            pool.requeue(b);
+        }
+    }
+
+    /// Forgets rings that are no longer current and that nobody references.
+    fn retire_idle_rings(inner: &mut Inner) {
+        let n = inner.rings.len();
+        let mut i = 0;
+        inner.rings.retain(|r| {
+            i += 1;
+            i == n
+                || r.slots
+                    .iter()
+                    .any(|s| s.client_refs > 0 || s.parked.is_some())
+        });
+    }
+
+    fn drop_client(&self, inner: &mut Inner, id: u32, reason: String) {
+        let Some(i) = inner.clients.iter().position(|c| c.id == id) else {
+            return;
+        };
+        let c = inner.clients.swap_remove(i);
+        let mut back = Vec::new();
+        let outstanding: Vec<Entry> = c.ch.outstanding().copied().collect();
+        for e in outstanding {
+            Self::unref_slot(inner, e, &mut back);
+        }
+        let _ = c.conn.send(
+            &Message::Error {
+                message: reason.clone(),
+            },
+            &[],
+        );
+        drop(c);
+        // Parked buffers go back to their pools right away; safe here because requeueing
+        // never calls back into the server.
+        self.give_back(back);
+        Self::retire_idle_rings(inner);
+        inner.events.push(Event::Disconnected { id, reason });
+    }
+
+    fn emit(&self, events: Vec<Event>) {
+        for e in events {
+            (self.on_event)(e);
+        }
+    }
+
+    /// One round of the connection thread. Returns false when it should stop.
+    fn serve_once(&self) -> bool {
+        // Collect what to poll under the lock, poll without it.
+        let (raw, deadline) = {
+            let inner = lock(&self.inner);
+            if inner.shutdown {
+                return false;
+            }
+            let mut raw = vec![
+                (self.wake.as_raw_fd(), Kind::Wake),
+                (self.listener.as_raw_fd(), Kind::Listen),
+            ];
+            for c in &inner.clients {
+                raw.push((c.conn.raw_fd(), Kind::Socket(c.id)));
+                raw.push((c.release.as_raw_fd(), Kind::Release(c.id)));
+            }
+            for (i, p) in inner.pending.iter().enumerate() {
+                raw.push((p.conn.raw_fd(), Kind::Pending(i)));
+            }
+            (
+                raw,
+                inner
+                    .pending
+                    .iter()
+                    .map(|p| p.since + HANDSHAKE_TIMEOUT)
+                    .min(),
+            )
+        };
+        let timeout = match deadline {
+            Some(d) => PollTimeout::try_from(
+                d.saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .min(60_000) as i32
+                    + 1,
+            )
+            .unwrap_or(PollTimeout::MAX),
+            None => PollTimeout::NONE,
+        };
+        // SAFETY: every fd is owned by `self` or by an entry of `inner`, and only this thread
+        // removes clients or pending connections, so they stay open during the poll.
+        let mut pfds: Vec<PollFd> = raw
+            .iter()
+            .map(|(fd, _)| PollFd::new(unsafe { BorrowedFd::borrow_raw(*fd) }, PollFlags::POLLIN))
+            .collect();
+        match poll(&mut pfds, timeout) {
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+        let ready: Vec<Kind> = raw
+            .iter()
+            .zip(pfds.iter())
+            .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+            .map(|((_, k), _)| *k)
+            .collect();
+        drop(pfds);
+
+        let mut inner = lock(&self.inner);
+        if inner.shutdown {
+            return false;
+        }
+        let mut back = Vec::new();
+        let mut done_pending = Vec::new();
+        for k in ready {
+            match k {
+                Kind::Wake => shm::drain(&self.wake),
+                Kind::Listen => self.accept_all(&mut inner),
+                Kind::Pending(i) => done_pending.push(i),
+                Kind::Socket(id) => {
+                    // Clients send nothing after Hello: readable means gone, or misbehaving.
+                    if let Some(c) = inner.clients.iter_mut().find(|c| c.id == id) {
+                        let why = match c.conn.try_recv() {
+                            Ok(None) => None,
+                            Ok(Some((m, _))) => Some(format!("unexpected {m:?} from the client")),
+                            Err(Error::Disconnected) => Some("the client went away".to_string()),
+                            Err(e) => Some(e.to_string()),
+                        };
+                        if let Some(why) = why {
+                            self.drop_client(&mut inner, id, why);
+                        }
+                    }
+                }
+                Kind::Release(id) => {
+                    let Some(c) = inner.clients.iter_mut().find(|c| c.id == id) else {
+                        continue;
+                    };
+                    shm::drain(&c.release);
+                    match c.ch.take_releases() {
+                        Ok(list) => {
+                            for e in list {
+                                Self::unref_slot(&mut inner, e, &mut back);
+                            }
+                        }
+                        Err(e) => self.drop_client(&mut inner, id, e.to_string()),
+                    }
+                }
+            }
+        }
+        // Handshakes: from the highest index down so removals keep the others valid.
+        done_pending.sort_unstable();
+        for i in done_pending.into_iter().rev() {
+            self.advance_handshake(&mut inner, i);
+        }
+        let now = Instant::now();
+        inner.pending.retain(|p| now < p.since + HANDSHAKE_TIMEOUT);
+        Self::retire_idle_rings(&mut inner);
+        let events = std::mem::take(&mut inner.events);
+        drop(inner);
+        self.give_back(back);
+        self.emit(events);
+        true
+    }
+
+    fn accept_all(&self, inner: &mut Inner) {
+        while let Ok((stream, _)) = self.listener.accept() {
+            let (pid, uid) = match getsockopt(&stream, PeerCredentials) {
+                Ok(c) => (c.pid(), c.uid()),
+                Err(_) => (-1, u32::MAX),
+            };
+            if stream.set_nonblocking(true).is_err() {
+                continue;
+            }
+            inner.pending.push(Pending {
+                conn: Conn::new(stream),
+                since: Instant::now(),
+                pid,
+                uid,
+            });
+        }
+    }
+
+    fn advance_handshake(&self, inner: &mut Inner, i: usize) {
+        let hello = match inner.pending[i].conn.try_recv() {
+            Ok(None) => return,
+            Ok(Some((
+                Message::Hello {
+                    flags,
+                    pid: _,
+                    name,
+                },
+                _,
+            ))) => Ok((flags, name)),
+            Ok(Some((m, _))) => Err(format!("expected Hello, got {m:?}")),
+            Err(e) => Err(e.to_string()),
+        };
+        let p = inner.pending.swap_remove(i);
+        let (flags, name) = match hello {
+            Ok(h) => h,
+            Err(why) => {
+                let _ = p.conn.send(
+                    &Message::Error {
+                        message: why.clone(),
+                    },
+                    &[],
+                );
+                inner.events.push(Event::Disconnected {
+                    id: 0,
+                    reason: format!("handshake failed: {why}"),
+                });
+                return;
+            }
+        };
+        let id = inner.next_client_id;
+        let client = (|| -> Result<Client> {
+            let ch = ClientChannel::create(CLIENT_QUEUE_CAPACITY)?;
+            let ready = shm::new_eventfd()?;
+            let release = shm::new_eventfd()?;
+            p.conn.send(
+                &Message::Welcome {
+                    client_id: id,
+                    queue_capacity: ch.capacity(),
+                },
+                &[ch.fd(), ready.as_fd(), release.as_fd()],
+            )?;
+            let c = Client {
+                id,
+                pid: p.pid,
+                conn: p.conn,
+                ch,
+                ready,
+                release,
+                lossless: flags & FLAG_LOSSLESS != 0,
+                sent: 0,
+            };
+            Self::send_ring_and_caps(inner, &c)?;
+            if inner.eos {
+                c.conn.send(&Message::Eos, &[])?;
+            }
+            Ok(c)
+        })();
+        match client {
+            Ok(c) => {
+                inner.next_client_id += 1;
+                inner.clients.push(c);
+                inner.events.push(Event::Connected {
+                    id,
+                    pid: p.pid,
+                    uid: p.uid,
+                    name,
+                });
+                self.changed.notify_all();
+            }
+            Err(e) => inner.events.push(Event::Disconnected {
+                id,
+                reason: format!("handshake failed: {e}"),
+            }),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Wake,
+    Listen,
+    Socket(u32),
+    Release(u32),
+    Pending(usize),
+}

@@ -1,0 +1,40 @@
+// SPDX-License-Identifier: MPL-2.0
+//! GstMemory over a slot of a mapped ring, without copying and without forming Rust
+//! references to the shared bytes.
+
+use gst::glib::translate::from_glib_full;
+
+/// Wraps `len` bytes at `ptr` (inside a slot of `maxsize` bytes) in a GstMemory. `keep` is
+/// dropped when the memory is freed: it keeps the mapping alive and, on the consumer side,
+/// gives the slot back to the producer.
+pub fn wrap_slot_memory(
+    ptr: *mut u8,
+    maxsize: usize,
+    len: usize,
+    readonly: bool,
+    keep: Box<dyn Send + 'static>,
+) -> gst::Memory {
+    unsafe extern "C" fn destroy(data: gst::glib::ffi::gpointer) {
+        // SAFETY: `data` is the Box leaked below, freed exactly once by GStreamer.
+        drop(unsafe { Box::from_raw(data as *mut Box<dyn Send>) });
+    }
+    let user_data = Box::into_raw(Box::new(keep));
+    let flags = if readonly {
+        gst::ffi::GST_MEMORY_FLAG_READONLY
+    } else {
+        0
+    };
+    // SAFETY: `ptr..ptr+maxsize` stays mapped while `keep` lives, which GStreamer guarantees
+    // until `destroy` runs.
+    unsafe {
+        from_glib_full(gst::ffi::gst_memory_new_wrapped(
+            flags,
+            ptr as gst::glib::ffi::gpointer,
+            maxsize,
+            0,
+            len.min(maxsize),
+            user_data as gst::glib::ffi::gpointer,
+            Some(destroy),
+        ))
+    }
+}

@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A consumer's connection to a producer: handshake, ring mappings, caps, and frames taken from
+//! the delivery queue. Each frame comes with a [`SlotLease`] that gives the slot back when
+//! dropped, on whatever thread that happens.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::EventFd;
+
+use super::consumer::{ConsumerChannel, ConsumerRing};
+use super::producer::{Entry, FrameMeta};
+use super::wire::{Conn, Message, FLAG_LOSSLESS};
+use super::{shm, Error, Result};
+
+/// Caps generations remembered for frames still queued from before a caps change.
+const CAPS_HISTORY: usize = 8;
+
+/// Releases that could not be written yet because the release queue was full.
+struct Releaser {
+    ch: ConsumerChannel,
+    efd: EventFd,
+    backlog: Mutex<Vec<Entry>>,
+}
+
+impl Releaser {
+    fn release(&self, e: Entry) {
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        backlog.push(e);
+        let mut wrote = false;
+        while let Some(&first) = backlog.first() {
+            if !self.ch.release(first) {
+                break;
+            }
+            backlog.remove(0);
+            wrote = true;
+        }
+        if wrote {
+            shm::notify(&self.efd);
+        }
+    }
+
+    fn flush(&self) {
+        let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
+        let mut wrote = false;
+        while let Some(&first) = backlog.first() {
+            if !self.ch.release(first) {
+                break;
+            }
+            backlog.remove(0);
+            wrote = true;
+        }
+        if wrote {
+            shm::notify(&self.efd);
+        }
+    }
+}
+
+/// Ownership of one slot: keeps the mapping alive and gives the slot back when dropped.
+pub struct SlotLease {
+    entry: Entry,
+    _ring: Arc<ConsumerRing>,
+    releaser: Arc<Releaser>,
+}
+
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        self.releaser.release(self.entry);
+    }
+}
+
+/// A frame taken from the ring.
+pub struct Frame {
+    pub meta: FrameMeta,
+    pub seq: u64,
+    /// First byte of the slot; `meta.payload_size` bytes are valid while `lease` lives.
+    pub ptr: *const u8,
+    pub caps: Arc<str>,
+    pub lease: SlotLease,
+}
+
+// SAFETY: `ptr` points into a read-only mapping kept alive by `lease`.
+unsafe impl Send for Frame {}
+
+pub enum Wait {
+    /// Something may be ready: call `try_next` again.
+    Ready,
+    /// The wake descriptor fired (unlock).
+    Woken,
+    TimedOut,
+}
+
+pub struct Connection {
+    conn: Conn,
+    client_id: u32,
+    ready: EventFd,
+    releaser: Arc<Releaser>,
+    rings: VecDeque<Arc<ConsumerRing>>,
+    caps: VecDeque<(u32, Arc<str>)>,
+    eos: bool,
+    gone: Option<Error>,
+}
+
+impl Connection {
+    /// Connects to the producer at `path`, waiting up to `timeout` for one to appear. `wake`
+    /// aborts the wait.
+    pub fn connect(
+        path: &Path,
+        lossless: bool,
+        name: &str,
+        timeout: Duration,
+        wake: Option<BorrowedFd<'_>>,
+    ) -> Result<Self> {
+        let deadline = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path) {
+                Ok(s) => break s,
+                Err(e) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(Error::Timeout(format!(
+                            "no gpushmsink is serving {} ({e}); is the producer running?",
+                            path.display()
+                        )));
+                    }
+                    // A producer may appear any moment: retry shortly, unless woken.
+                    let ms = left.as_millis().min(20) as u16;
+                    if let Some(w) = wake {
+                        let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
+                        if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+                            return Err(Error::Timeout(
+                                "interrupted while waiting for a producer".into(),
+                            ));
+                        }
+                    } else {
+                        std::thread::sleep(Duration::from_millis(ms as u64));
+                    }
+                }
+            }
+        };
+        stream.set_nonblocking(true).map_err(|e| {
+            Error::os(
+                "fcntl",
+                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+            )
+        })?;
+        let mut conn = Conn::new(stream);
+        conn.send(
+            &Message::Hello {
+                flags: if lossless { FLAG_LOSSLESS } else { 0 },
+                pid: std::process::id(),
+                name: name.into(),
+            },
+            &[],
+        )?;
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1));
+        let (msg, mut fds) = conn
+            .recv_timeout(left, wake)?
+            .ok_or_else(|| Error::Timeout("interrupted during the handshake".into()))?;
+        let (client_id, capacity) = match msg {
+            Message::Welcome {
+                client_id,
+                queue_capacity,
+            } => (client_id, queue_capacity),
+            Message::Error { message } => {
+                return Err(Error::protocol(format!(
+                    "the producer refused us: {message}"
+                )))
+            }
+            m => return Err(Error::protocol(format!("expected Welcome, got {m:?}"))),
+        };
+        let release = fds.pop().expect("3 fds checked by the decoder");
+        let ready = fds.pop().expect("3 fds checked by the decoder");
+        let block = fds.pop().expect("3 fds checked by the decoder");
+        let ch = ConsumerChannel::open(block, capacity)?;
+        let ready = shm::check_eventfd(ready, "frame-ready eventfd")?;
+        let release = shm::check_eventfd(release, "slot-released eventfd")?;
+        let mut c = Self {
+            conn,
+            client_id,
+            ready,
+            releaser: Arc::new(Releaser {
+                ch,
+                efd: release,
+                backlog: Mutex::new(Vec::new()),
+            }),
+            rings: VecDeque::new(),
+            caps: VecDeque::new(),
+            eos: false,
+            gone: None,
+        };
+        c.pump()?;
+        Ok(c)
+    }
+
+    pub fn client_id(&self) -> u32 {
+        self.client_id
+    }
+
+    /// Frames the producer took back because we fell behind.
+    pub fn dropped(&self) -> u64 {
+        self.releaser.ch.dropped()
+    }
+
+    /// The newest caps the producer announced.
+    pub fn caps(&self) -> Option<Arc<str>> {
+        self.caps.back().map(|c| c.1.clone())
+    }
+
+    pub fn is_eos(&self) -> bool {
+        self.eos
+    }
+
+    /// The current ring, for registering it with a GPU.
+    pub fn current_ring(&self) -> Option<Arc<ConsumerRing>> {
+        self.rings.back().cloned()
+    }
+
+    fn socket_fd(&self) -> RawFd {
+        self.conn.raw_fd()
+    }
+
+    /// Handles every message waiting on the socket.
+    fn pump(&mut self) -> Result<()> {
+        if self.gone.is_some() {
+            return Ok(());
+        }
+        loop {
+            let (msg, mut fds) = match self.conn.try_recv() {
+                Ok(Some(m)) => m,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    self.gone = Some(e);
+                    return Ok(());
+                }
+            };
+            match msg {
+                Message::Ring {
+                    ring_gen,
+                    slot_count,
+                    slot_size,
+                    total_size,
+                } => {
+                    let fd = fds.pop().expect("1 fd checked by the decoder");
+                    let ring = ConsumerRing::open(fd, ring_gen, slot_count, slot_size, total_size)?;
+                    self.rings.push_back(Arc::new(ring));
+                    // Keep the previous ring: frames queued before the switch still use it.
+                    while self.rings.len() > 2 {
+                        self.rings.pop_front();
+                    }
+                }
+                Message::Caps { caps_gen, caps } => {
+                    self.caps.push_back((caps_gen, caps.into()));
+                    while self.caps.len() > CAPS_HISTORY {
+                        self.caps.pop_front();
+                    }
+                }
+                Message::Eos => self.eos = true,
+                Message::Error { message } => {
+                    self.gone = Some(Error::protocol(format!(
+                        "the producer closed the connection: {message}"
+                    )));
+                }
+                m => {
+                    return Err(Error::protocol(format!(
+                        "unexpected {m:?} from the producer"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The next frame, if one is queued. `Err(Disconnected)` once the producer is gone and
+    /// every frame it delivered was taken.
+    pub fn try_next(&mut self) -> Result<Option<Frame>> {
+        self.pump()?;
+        self.releaser.flush();
+        let Some(e) = self.releaser.ch.take()? else {
+            return match self.gone.take() {
+                Some(err) if !self.eos => Err(err),
+                _ => Ok(None),
+            };
+        };
+        let lookup = |c: &Self| c.rings.iter().find(|r| r.ring_gen() == e.ring_gen).cloned();
+        let ring = match lookup(self) {
+            Some(r) => r,
+            None => {
+                self.pump()?;
+                lookup(self).ok_or_else(|| {
+                    Error::protocol(format!("frame {} is in unknown ring {}", e.seq, e.ring_gen))
+                })?
+            }
+        };
+        let lease = SlotLease {
+            entry: e,
+            _ring: ring.clone(),
+            releaser: self.releaser.clone(),
+        };
+        let (meta, ptr) = ring.read_frame(&e)?;
+        let caps = self
+            .caps
+            .iter()
+            .find(|c| c.0 == meta.caps_gen)
+            .map(|c| c.1.clone())
+            .ok_or_else(|| {
+                Error::protocol(format!(
+                    "frame {} uses unknown caps generation {}",
+                    e.seq, meta.caps_gen
+                ))
+            })?;
+        Ok(Some(Frame {
+            meta,
+            seq: e.seq,
+            ptr,
+            caps,
+            lease,
+        }))
+    }
+
+    /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
+    pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
+        let t = match timeout {
+            Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
+                .unwrap_or(PollTimeout::MAX),
+            None => PollTimeout::NONE,
+        };
+        // SAFETY: the socket lives in self for the duration of the poll.
+        let sock = unsafe { BorrowedFd::borrow_raw(self.socket_fd()) };
+        let mut pfds = [
+            PollFd::new(wake, PollFlags::POLLIN),
+            PollFd::new(self.ready.as_fd(), PollFlags::POLLIN),
+            PollFd::new(sock, PollFlags::POLLIN),
+        ];
+        let n = match poll(&mut pfds, t) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => return Ok(Wait::Ready),
+            Err(e) => return Err(Error::os("poll", e)),
+        };
+        if pfds[0].any().unwrap_or(false) {
+            return Ok(Wait::Woken);
+        }
+        if n == 0 {
+            return Ok(Wait::TimedOut);
+        }
+        shm::drain(&self.ready);
+        Ok(Wait::Ready)
+    }
+
+    pub fn ready_fd(&self) -> RawFd {
+        self.ready.as_raw_fd()
+    }
+}
