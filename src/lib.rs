@@ -11,6 +11,7 @@ use gst::glib;
 mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;
+pub mod pattern;
 pub mod ring;
 
 pub use gpushmsrc::PUBLISH_TIMESTAMP_CAPS;

@@ -191,6 +191,44 @@ impl GpuShmSink {
         Ok(out)
     }
 
+    /// Makes the ring match `caps`: a new ring (announced to every client) when they change.
+    fn configure(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
+        let info = gst_video::VideoInfo::from_caps(caps)
+            .map_err(|_| gst::loggable_error!(CAT, "Unsupported caps {}", caps))?;
+        if info.n_planes() as usize > MAX_PLANES {
+            return Err(gst::loggable_error!(
+                CAT,
+                "{} planes are more than {}",
+                info.n_planes(),
+                MAX_PLANES
+            ));
+        }
+        let slots = self.settings().slots;
+        let mut state = self.state();
+        let State::Started {
+            server,
+            info: cur_info,
+            caps: cur_caps,
+            pool,
+        } = &mut *state
+        else {
+            return Err(gst::loggable_error!(CAT, "Not started"));
+        };
+        if cur_caps.as_ref().is_some_and(|c| c == caps) {
+            return Ok(());
+        }
+        let new_pool = server
+            .new_ring(slots, info.size() as u64, caps)
+            .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
+        gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
+        if let Some(old) = pool.replace(new_pool) {
+            let _ = old.set_active(false);
+        }
+        *cur_info = Some(info);
+        *cur_caps = Some(caps.clone());
+        Ok(())
+    }
+
     fn frame_meta(&self, buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> FrameMeta {
         let clock = |t: Option<gst::ClockTime>| -> u64 {
             let obj = self.obj();
@@ -429,40 +467,7 @@ impl BaseSinkImpl for GpuShmSink {
     }
 
     fn set_caps(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let info = gst_video::VideoInfo::from_caps(caps)
-            .map_err(|_| gst::loggable_error!(CAT, "Unsupported caps {}", caps))?;
-        if info.n_planes() as usize > MAX_PLANES {
-            return Err(gst::loggable_error!(
-                CAT,
-                "{} planes are more than {}",
-                info.n_planes(),
-                MAX_PLANES
-            ));
-        }
-        let slots = self.settings().slots;
-        let mut state = self.state();
-        let State::Started {
-            server,
-            info: cur_info,
-            caps: cur_caps,
-            pool,
-        } = &mut *state
-        else {
-            return Err(gst::loggable_error!(CAT, "Not started"));
-        };
-        if cur_caps.as_ref().is_some_and(|c| c == caps) {
-            return Ok(());
-        }
-        let new_pool = server
-            .new_ring(slots, info.size() as u64, caps)
-            .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
-        gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
-        if let Some(old) = pool.replace(new_pool) {
-            let _ = old.set_active(false);
-        }
-        *cur_info = Some(info);
-        *cur_caps = Some(caps.clone());
-        Ok(())
+        self.configure(caps)
     }
 
     fn propose_allocation(
@@ -471,6 +476,11 @@ impl BaseSinkImpl for GpuShmSink {
     ) -> Result<(), gst::LoggableError> {
         let caps = query.get().0.map(|c| c.to_owned());
         query.add_allocation_meta::<gst_video::VideoMeta>(None);
+        // Upstream asks before its first buffer: have the ring for these caps ready so that
+        // it renders into shared memory from the very first frame.
+        if let Some(c) = caps.as_ref().filter(|c| c.is_fixed()) {
+            self.configure(c)?;
+        }
         let state = self.state();
         if let (
             Some(caps),

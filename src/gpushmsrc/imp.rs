@@ -76,6 +76,8 @@ struct Started {
     discont: bool,
     dropped_seen: u64,
     received: u64,
+    /// Added to the producer's clock times, fixed at the first frame.
+    shift: Option<u64>,
 }
 
 pub struct GpuShmSrc {
@@ -180,10 +182,21 @@ impl GpuShmSrc {
             let t = |v: u64| (v != NONE_U64).then(|| gst::ClockTime::from_nseconds(v));
             if !obj.does_timestamp() {
                 // Map the producer's clock time to our running time; fall back to its PTS.
-                let base = obj.base_time();
+                let base = obj.base_time().map(|b| b.nseconds());
+                if st.shift.is_none() && m.pts_clock != NONE_U64 {
+                    // A live producer's frames are stamped about now: no shift, so the real
+                    // latency shows. Frames stamped before our pipeline started (a producer
+                    // running ahead, or started long before us) are shifted to arrive now.
+                    let now = obj.clock().map_or(0, |c| c.time().nseconds());
+                    st.shift = Some(match base {
+                        Some(b) if m.pts_clock < b => now.saturating_sub(m.pts_clock),
+                        _ => 0,
+                    });
+                }
+                let shift = st.shift.unwrap_or(0);
                 let map = |clock: u64, raw: u64| match (clock != NONE_U64, base) {
                     (true, Some(base)) => Some(gst::ClockTime::from_nseconds(
-                        clock.saturating_sub(base.nseconds()),
+                        (clock + shift).saturating_sub(base),
                     )),
                     _ => t(raw),
                 };
@@ -431,6 +444,7 @@ impl BaseSrcImpl for GpuShmSrc {
             discont: true,
             dropped_seen: 0,
             received: 0,
+            shift: None,
         });
         Ok(())
     }

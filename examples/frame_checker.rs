@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A consumer app: `gpushmsrc ! appsink`, with no caps given. It reports the caps it got, the
+//! delivered frame rate and the cross-process latency (from the producer's publish stamp to
+//! arrival here, both CLOCK_MONOTONIC), and with --verify checks every byte of every frame
+//! against the pattern of pattern_producer and the PTS spacing.
+//!
+//!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
+//!
+//! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
+//! --expect N (fail unless exactly N frames arrived), --print (one line per frame).
+//! Exit code: 0 all good, 1 a check failed, 2 the pipeline failed.
+
+use gst::prelude::*;
+
+#[derive(Default)]
+struct Args {
+    socket: String,
+    verify: bool,
+    lossless: bool,
+    frames: Option<u64>,
+    expect: Option<u64>,
+    print: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or(format!("{k} needs a value"));
+        match k.as_str() {
+            "--socket" => a.socket = v()?,
+            "--frames" => a.frames = Some(v()?.parse().map_err(|e| format!("--frames: {e}"))?),
+            "--expect" => a.expect = Some(v()?.parse().map_err(|e| format!("--expect: {e}"))?),
+            "--verify" => a.verify = true,
+            "--lossless" => a.lossless = true,
+            "--print" => a.print = true,
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    if a.socket.is_empty() {
+        return Err("--socket PATH is required".into());
+    }
+    Ok(a)
+}
+
+fn now_ns() -> u64 {
+    gstgpushm::ring::monotonic_ns()
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    let a = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("frame_checker: {e}");
+            std::process::exit(2);
+        }
+    };
+    gst::init().expect("gst::init");
+    gstgpushm::plugin_register_static().expect("register gpushm");
+    let src = gst::ElementFactory::make("gpushmsrc")
+        .property("socket-path", &a.socket)
+        .property("lossless", a.lossless)
+        .build()
+        .expect("gpushmsrc");
+    let sink = gst_app::AppSink::builder()
+        .sync(false)
+        .max_buffers(2)
+        .build();
+    let pipeline = gst::Pipeline::new();
+    pipeline.add_many([&src, sink.upcast_ref()]).expect("add");
+    src.link(&sink).expect("link");
+    if pipeline.set_state(gst::State::Playing).is_err() {
+        report_bus_error(&pipeline);
+        std::process::exit(2);
+    }
+    let publish_caps = gst::Caps::new_empty_simple(gstgpushm::PUBLISH_TIMESTAMP_CAPS);
+    let (mut n_frames, mut bad, mut pts_errors) = (0u64, 0u64, 0u64);
+    let mut first: Option<(u64, gst::ClockTime)> = None;
+    let mut last_n = None;
+    let mut gaps = 0u64;
+    let mut lat = Vec::new();
+    let mut caps_seen = Vec::<String>::new();
+    let mut t0 = None;
+    while a.frames.is_none_or(|f| n_frames < f) {
+        let Ok(sample) = sink.pull_sample() else {
+            break;
+        };
+        let arrival = now_ns();
+        t0.get_or_insert(arrival);
+        let caps = sample.caps().expect("sample caps");
+        let caps_str = caps.to_string();
+        if caps_seen.last() != Some(&caps_str) {
+            caps_seen.push(caps_str);
+        }
+        let buffer = sample.buffer().expect("sample buffer");
+        let n = buffer.offset();
+        if let Some(m) = buffer
+            .iter_meta::<gst::ReferenceTimestampMeta>()
+            .find(|m| m.reference() == publish_caps.as_ref())
+        {
+            lat.push(arrival.saturating_sub(m.timestamp().nseconds()));
+        }
+        if last_n.is_some_and(|l: u64| n != l + 1) {
+            gaps += 1;
+        }
+        last_n = Some(n);
+        let pts = buffer.pts();
+        match (first, pts, buffer.duration()) {
+            (None, Some(p), _) => first = Some((n, p)),
+            (Some((n0, p0)), Some(p), Some(d)) => {
+                if p.nseconds() as i128 - p0.nseconds() as i128
+                    != (n as i128 - n0 as i128) * d.nseconds() as i128
+                {
+                    pts_errors += 1;
+                }
+            }
+            _ => pts_errors += 1,
+        }
+        let mut ok = true;
+        let mut sum = 0;
+        if a.verify {
+            let info = gst_video::VideoInfo::from_caps(caps).expect("video caps");
+            match gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &info) {
+                Ok(frame) => {
+                    ok = gstgpushm::pattern::check(&frame, n) == 0;
+                    sum = gstgpushm::pattern::checksum(&frame);
+                }
+                Err(_) => ok = false,
+            }
+            if !ok {
+                bad += 1;
+            }
+        }
+        if a.print {
+            println!(
+                "FRAME n={n} pts={} checksum={sum:016x} ok={ok}",
+                pts.map_or(-1, |p| p.nseconds() as i64)
+            );
+        }
+        n_frames += 1;
+    }
+    let elapsed = t0.map_or(0, |t| now_ns() - t);
+    let bus_error = pipeline
+        .bus()
+        .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]));
+    let dropped = src.property::<u64>("frames-dropped");
+    let _ = pipeline.set_state(gst::State::Null);
+    lat.sort_unstable();
+    for c in &caps_seen {
+        println!("CAPS {c}");
+    }
+    let fps = if elapsed > 0 && n_frames > 1 {
+        (n_frames - 1) as f64 * 1e9 / elapsed as f64
+    } else {
+        0.0
+    };
+    println!(
+        "SUMMARY frames={n_frames} bad={bad} pts_errors={pts_errors} gaps={gaps} dropped={dropped} first={} last={} fps={fps:.1} latency_p50_us={:.1} latency_p99_us={:.1} latency_max_us={:.1}",
+        first.map_or(-1, |f| f.0 as i64),
+        last_n.map_or(-1, |l| l as i64),
+        percentile(&lat, 0.5) as f64 / 1e3,
+        percentile(&lat, 0.99) as f64 / 1e3,
+        lat.last().copied().unwrap_or(0) as f64 / 1e3,
+    );
+    if let Some(m) = bus_error {
+        if let gst::MessageView::Error(e) = m.view() {
+            println!("ERROR {}", e.error());
+        }
+        std::process::exit(2);
+    }
+    let failed =
+        n_frames == 0 || bad > 0 || pts_errors > 0 || a.expect.is_some_and(|e| e != n_frames);
+    std::process::exit(if failed { 1 } else { 0 });
+}
+
+fn report_bus_error(pipeline: &gst::Pipeline) {
+    if let Some(m) = pipeline.bus().and_then(|b| {
+        b.timed_pop_filtered(gst::ClockTime::from_seconds(1), &[gst::MessageType::Error])
+    }) {
+        if let gst::MessageView::Error(e) = m.view() {
+            println!("ERROR {}", e.error());
+            eprintln!(
+                "frame_checker: {} ({})",
+                e.error(),
+                e.debug().unwrap_or_default()
+            );
+        }
+    }
+}

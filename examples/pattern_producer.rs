@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A producer app that embeds gpushm: it takes buffers from gpushmsink's own pool (so frames
+//! are rendered straight into shared memory), fills each with a pattern that depends on the
+//! frame number, and pushes them through appsrc.
+//!
+//!     cargo run --release --example pattern_producer -- --socket /tmp/pattern --frames 300
+//!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
+//!
+//! Options: --socket PATH (required), --width 1920, --height 1080, --format NV12, --frames 300,
+//! --fps 30 (0 = as fast as the consumers take them), --copy (buffers from elsewhere, forcing
+//! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8.
+//! Prints `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
+
+use gst::prelude::*;
+
+struct Args {
+    socket: String,
+    width: u32,
+    height: u32,
+    format: String,
+    frames: u64,
+    fps: u32,
+    copy: bool,
+    wait: bool,
+    slots: u32,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        socket: String::new(),
+        width: 1920,
+        height: 1080,
+        format: "NV12".into(),
+        frames: 300,
+        fps: 30,
+        copy: false,
+        wait: false,
+        slots: 8,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or(format!("{k} needs a value"));
+        match k.as_str() {
+            "--socket" => a.socket = v()?,
+            "--width" => a.width = v()?.parse().map_err(|e| format!("--width: {e}"))?,
+            "--height" => a.height = v()?.parse().map_err(|e| format!("--height: {e}"))?,
+            "--format" => a.format = v()?,
+            "--frames" => a.frames = v()?.parse().map_err(|e| format!("--frames: {e}"))?,
+            "--fps" => a.fps = v()?.parse().map_err(|e| format!("--fps: {e}"))?,
+            "--slots" => a.slots = v()?.parse().map_err(|e| format!("--slots: {e}"))?,
+            "--copy" => a.copy = true,
+            "--wait" => a.wait = true,
+            _ => return Err(format!("unknown option {k}")),
+        }
+    }
+    if a.socket.is_empty() {
+        return Err("--socket PATH is required".into());
+    }
+    Ok(a)
+}
+
+fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
+    gst::init()?;
+    gstgpushm::plugin_register_static()?;
+    let fps = if a.fps == 0 { 30 } else { a.fps };
+    let caps = gst_video::VideoInfo::builder(a.format.parse()?, a.width, a.height)
+        .fps(gst::Fraction::new(fps as i32, 1))
+        .build()?
+        .to_caps()?;
+    let info = gst_video::VideoInfo::from_caps(&caps)?;
+    let appsrc = gst_app::AppSrc::builder()
+        .caps(&caps)
+        .format(gst::Format::Time)
+        .block(true)
+        .max_buffers(2)
+        .build();
+    let sink = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", &a.socket)
+        .property("wait-for-connection", a.wait)
+        .property("slots", a.slots)
+        .property("sync", a.fps > 0)
+        .build()?;
+    let pipeline = gst::Pipeline::new();
+    pipeline.add_many([appsrc.upcast_ref(), &sink])?;
+    appsrc.link(&sink)?;
+    pipeline.set_state(gst::State::Playing)?;
+
+    // Ask the sink for its pool, as any upstream element would.
+    let pool = if a.copy {
+        None
+    } else {
+        let mut q = gst::query::Allocation::new(Some(&caps), true);
+        if !sink.static_pad("sink").ok_or("no sink pad")?.query(&mut q) {
+            return Err("the allocation query failed".into());
+        }
+        let (pool, size, _, _) = q
+            .allocation_pools()
+            .next()
+            .ok_or("gpushmsink offered no pool")?;
+        let pool = pool.ok_or("gpushmsink offered no pool")?;
+        let mut config = pool.config();
+        config.set_params(Some(&caps), size, 0, 0);
+        config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+        pool.set_config(config)?;
+        pool.set_active(true)?;
+        Some(pool)
+    };
+
+    let dur = gst::ClockTime::SECOND
+        .mul_div_floor(1, fps as u64)
+        .ok_or("bad fps")?;
+    for n in 0..a.frames {
+        let mut buf = match &pool {
+            Some(p) => p.acquire_buffer(None)?,
+            None => gst::Buffer::with_size(info.size())?,
+        };
+        {
+            let b = buf.get_mut().ok_or("buffer not writable")?;
+            b.set_pts(dur * n);
+            b.set_duration(dur);
+            b.set_offset(n);
+            b.set_offset_end(n + 1);
+            let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(b, &info)?;
+            gstgpushm::pattern::fill(&mut frame, n);
+        }
+        if appsrc.push_buffer(buf).is_err() {
+            break;
+        }
+    }
+    appsrc.end_of_stream()?;
+    let bus = pipeline.bus().ok_or("no bus")?;
+    let mut result = Ok(());
+    for msg in bus.iter_timed(gst::ClockTime::NONE) {
+        match msg.view() {
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => {
+                result = Err(format!("{}: {}", e.error(), e.debug().unwrap_or_default()).into());
+                break;
+            }
+            _ => {}
+        }
+    }
+    let stats = sink.property::<gst::Structure>("stats");
+    println!(
+        "STATS frames-sent={} frames-copied={} frames-dropped={}",
+        stats.get::<u64>("frames-sent")?,
+        stats.get::<u64>("frames-copied")?,
+        stats.get::<u64>("frames-dropped")?
+    );
+    if let Some(p) = pool {
+        let _ = p.set_active(false);
+    }
+    pipeline.set_state(gst::State::Null)?;
+    result
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("pattern_producer: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(args) {
+        eprintln!("pattern_producer: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A frame pattern that depends on the frame number, for checking a transport end to end:
+//! every byte of row `r` of plane `p` of frame `n` is `row_value(n, p, r)`. A consumer that
+//! knows `n` (the buffer offset) can check every byte it received.
+
+use gst_video::prelude::*;
+
+/// The value of every byte of one row.
+pub fn row_value(frame: u64, plane: usize, row: usize) -> u8 {
+    (frame
+        .wrapping_mul(7)
+        .wrapping_add(plane as u64 * 31)
+        .wrapping_add(row as u64 * 3)
+        & 0xff) as u8
+}
+
+/// Fills a writable video frame with the pattern of frame `n`.
+pub fn fill(frame: &mut gst_video::VideoFrameRef<&mut gst::BufferRef>, n: u64) {
+    for p in 0..frame.n_planes() as usize {
+        let stride = frame.plane_stride()[p] as usize;
+        let rows = plane_rows(frame.info(), p);
+        let width = plane_row_bytes(frame.info(), p);
+        let Ok(data) = frame.plane_data_mut(p as u32) else {
+            continue;
+        };
+        for r in 0..rows {
+            let start = r * stride;
+            if start + width > data.len() {
+                break;
+            }
+            data[start..start + width].fill(row_value(n, p, r));
+        }
+    }
+}
+
+/// Checks a received frame against the pattern of frame `n`. Returns how many rows differ.
+pub fn check(frame: &gst_video::VideoFrameRef<&gst::BufferRef>, n: u64) -> usize {
+    let mut bad = 0;
+    let mut expect = Vec::new();
+    for p in 0..frame.n_planes() as usize {
+        let stride = frame.plane_stride()[p] as usize;
+        let rows = plane_rows(frame.info(), p);
+        let width = plane_row_bytes(frame.info(), p);
+        let Ok(data) = frame.plane_data(p as u32) else {
+            return usize::MAX;
+        };
+        for r in 0..rows {
+            let start = r * stride;
+            expect.clear();
+            expect.resize(width, row_value(n, p, r));
+            // Slice equality compiles to memcmp, fast even in debug builds.
+            if data.get(start..start + width) != Some(&expect[..]) {
+                bad += 1;
+            }
+        }
+    }
+    bad
+}
+
+/// A checksum of the visible bytes of a frame (FNV-1a over the per-row sums), to print.
+pub fn checksum(frame: &gst_video::VideoFrameRef<&gst::BufferRef>) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for p in 0..frame.n_planes() as usize {
+        let stride = frame.plane_stride()[p] as usize;
+        let width = plane_row_bytes(frame.info(), p);
+        let Ok(data) = frame.plane_data(p as u32) else {
+            return 0;
+        };
+        for r in 0..plane_rows(frame.info(), p) {
+            let row = &data[r * stride..r * stride + width];
+            let s: u64 = row
+                .chunks(8)
+                .map(|c| c.iter().map(|&b| b as u64).sum::<u64>())
+                .sum();
+            h = (h ^ s).wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
+
+fn components_of_plane(info: &gst_video::VideoInfo, p: usize) -> impl Iterator<Item = u8> + '_ {
+    let finfo = info.format_info();
+    (0..finfo.n_components() as u8).filter(move |&c| finfo.plane()[c as usize] as usize == p)
+}
+
+/// Rows of plane `p`.
+pub fn plane_rows(info: &gst_video::VideoInfo, p: usize) -> usize {
+    components_of_plane(info, p)
+        .map(|c| info.comp_height(c))
+        .max()
+        .unwrap_or(0) as usize
+}
+
+/// Visible bytes of one row of plane `p`.
+pub fn plane_row_bytes(info: &gst_video::VideoInfo, p: usize) -> usize {
+    let finfo = info.format_info();
+    components_of_plane(info, p)
+        .map(|c| info.comp_width(c) as usize * finfo.pixel_stride()[c as usize] as usize)
+        .max()
+        .unwrap_or(0)
+}
