@@ -46,8 +46,8 @@ pub fn check(frame: &gst_video::VideoFrameRef<&gst::BufferRef>, n: u64) -> usize
         };
         for r in 0..rows {
             let start = r * stride;
-            expect.clear();
-            expect.resize(width, row_value(n, p, r));
+            expect.resize(width, 0);
+            expect.fill(row_value(n, p, r));
             // Slice equality compiles to memcmp, fast even in debug builds.
             if data.get(start..start + width) != Some(&expect[..]) {
                 bad += 1;

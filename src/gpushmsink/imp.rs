@@ -153,7 +153,7 @@ impl GpuShmSink {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Failed,
-                    ["Could not activate the ring's buffer pool"]
+                    ("Could not activate the ring's buffer pool")
                 );
                 return Err(gst::FlowError::Error);
             }
@@ -164,7 +164,7 @@ impl GpuShmSink {
                 gst::element_imp_error!(
                     self,
                     gst::StreamError::Format,
-                    ["Input buffer does not match the caps"]
+                    ("Input buffer does not match the caps")
                 );
                 gst::FlowError::Error
             })?;
@@ -175,7 +175,7 @@ impl GpuShmSink {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Failed,
-                        ["Could not map a ring slot"]
+                        ("Could not map a ring slot")
                     );
                     gst::FlowError::Error
                 })?;
@@ -183,7 +183,7 @@ impl GpuShmSink {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Failed,
-                    ["Copying the frame failed"]
+                    ("Copying the frame failed")
                 );
                 gst::FlowError::Error
             })?;
@@ -412,7 +412,7 @@ impl BaseSinkImpl for GpuShmSink {
         let Some(path) = s.socket_path else {
             return Err(gst::error_msg!(
                 gst::ResourceError::NotFound,
-                ["socket-path is not set: give gpushmsink a socket-path=/some/path for consumers to connect to"]
+                ("socket-path is not set: give gpushmsink a socket-path=/some/path for consumers to connect to")
             ));
         };
         let weak = self.obj().downgrade();
@@ -442,7 +442,7 @@ impl BaseSinkImpl for GpuShmSink {
         let server = Server::start(&path, s.perms, on_event).map_err(|e| {
             gst::error_msg!(
                 gst::ResourceError::OpenWrite,
-                ["Cannot serve {}: {}", path.display(), e]
+                ("Cannot serve {}: {}", path.display(), e)
             )
         })?;
         gst::debug!(CAT, imp = self, "listening on {}", path.display());
@@ -550,7 +550,7 @@ impl BaseSinkImpl for GpuShmSink {
                 gst::element_imp_error!(
                     self,
                     gst::CoreError::Negotiation,
-                    ["Got a buffer before caps"]
+                    ("Got a buffer before caps")
                 );
                 return Err(gst::FlowError::NotNegotiated);
             }
@@ -596,7 +596,7 @@ impl BaseSinkImpl for GpuShmSink {
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Write,
-                ["Publishing a frame failed: {}", e]
+                ("Publishing a frame failed: {}", e)
             );
             gst::FlowError::Error
         })?;

@@ -161,7 +161,7 @@ impl GpuShmSrc {
             gst::element_imp_error!(
                 self,
                 gst::StreamError::Decode,
-                ["The producer sent an invalid frame: {}", msg]
+                ("The producer sent an invalid frame: {}", msg)
             );
             return Err(gst::FlowError::Error);
         }
@@ -262,7 +262,7 @@ impl GpuShmSrc {
             gst::element_imp_error!(
                 self,
                 gst::StreamError::Format,
-                ["The producer sent unparsable caps {}", caps_str]
+                ("The producer sent unparsable caps {}", caps_str)
             );
             gst::FlowError::NotNegotiated
         })?;
@@ -270,7 +270,7 @@ impl GpuShmSrc {
             gst::element_imp_error!(
                 self,
                 gst::StreamError::Format,
-                ["The producer sent unsupported caps {}", caps]
+                ("The producer sent unsupported caps {}", caps)
             );
             gst::FlowError::NotNegotiated
         })?;
@@ -279,7 +279,7 @@ impl GpuShmSrc {
             gst::element_imp_error!(
                 self,
                 gst::CoreError::Negotiation,
-                ["Downstream refused the producer's caps {}", caps]
+                ("Downstream refused the producer's caps {}", caps)
             );
             gst::FlowError::NotNegotiated
         })?;
@@ -407,7 +407,7 @@ impl BaseSrcImpl for GpuShmSrc {
         let Some(path) = s.socket_path else {
             return Err(gst::error_msg!(
                 gst::ResourceError::NotFound,
-                ["socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink"]
+                ("socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink")
             ));
         };
         shm::drain(&self.wake);
@@ -423,11 +423,11 @@ impl BaseSrcImpl for GpuShmSrc {
         .map_err(|e| {
             gst::error_msg!(
                 gst::ResourceError::OpenRead,
-                [
+                (
                     "Could not connect to a gpushmsink at {}: {}",
                     path.display(),
                     e
-                ]
+                )
             )
         })?;
         gst::info!(
@@ -538,7 +538,7 @@ impl PushSrcImpl for GpuShmSrc {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
-                        ["The producer went away (gpushmsink stopped or crashed) after {} frames", st.received]
+                        ("The producer went away (gpushmsink stopped or crashed) after {} frames", st.received)
                     );
                     return Err(gst::FlowError::Error);
                 }
@@ -546,7 +546,7 @@ impl PushSrcImpl for GpuShmSrc {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
-                        ["Receiving from the producer failed: {}", e]
+                        ("Receiving from the producer failed: {}", e)
                     );
                     return Err(gst::FlowError::Error);
                 }
@@ -558,7 +558,7 @@ impl PushSrcImpl for GpuShmSrc {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
-                        ["Waiting for frames failed: {}", e]
+                        ("Waiting for frames failed: {}", e)
                     );
                     return Err(gst::FlowError::Error);
                 }

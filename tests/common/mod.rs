@@ -1,0 +1,234 @@
+// SPDX-License-Identifier: MPL-2.0
+#![allow(dead_code)]
+//! Helpers shared by the integration tests.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub fn init() {
+    use std::sync::Once;
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        gst::init().expect("gst::init");
+        gstgpushm::plugin_register_static().expect("register gpushm");
+    });
+}
+
+/// A fresh directory for one test's sockets.
+pub fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("gpushm-test")
+        .tempdir()
+        .expect("tempdir")
+}
+
+/// Directory of the test binary's build: target/<profile>/ locally, .device/ when packed.
+fn build_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binary has a grandparent")
+        .to_owned()
+}
+
+/// An example binary (target/<profile>/examples/NAME, or .device/examples/NAME).
+pub fn example(name: &str) -> Command {
+    let path = build_dir().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} missing: build the examples (cargo test builds them)",
+        path.display()
+    );
+    Command::new(path)
+}
+
+/// gst-launch-1.0 with this build's plugin on the plugin path.
+pub fn gst_launch(pipeline: &str) -> Command {
+    let mut c = Command::new("gst-launch-1.0");
+    c.arg("-q");
+    c.args(pipeline.split_whitespace());
+    let dir = build_dir();
+    let path = match std::env::var_os("GST_PLUGIN_PATH") {
+        Some(p) => {
+            let mut v = std::env::split_paths(&p).collect::<Vec<_>>();
+            v.insert(0, dir);
+            std::env::join_paths(v).expect("join paths")
+        }
+        None => dir.into_os_string(),
+    };
+    c.env("GST_PLUGIN_PATH", path);
+    c
+}
+
+/// A child process that is killed when dropped, so a failing test leaves nothing running.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    lines: Option<mpsc::Receiver<String>>,
+    collected: Vec<String>,
+}
+
+impl Proc {
+    pub fn spawn(mut cmd: Command, name: &str) -> Self {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Self {
+            child,
+            name: name.into(),
+            lines: Some(rx),
+            collected: Vec::new(),
+        }
+    }
+
+    /// Waits for a line that starts with `prefix`.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        let rx = self.lines.as_ref().expect("output");
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(l) => {
+                    self.collected.push(l.clone());
+                    if l.starts_with(prefix) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!(
+                    "{}: no line starting with {prefix:?} within {timeout:?}; output:\n{}",
+                    self.name,
+                    self.collected.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for exit (killing the process past `timeout`); returns the exit status and all output.
+    pub fn finish(mut self, timeout: Duration) -> (std::process::ExitStatus, Vec<String>) {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = self.child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                let out = self.drain().join("\n");
+                panic!(
+                    "{} did not finish within {timeout:?}; output so far:\n{out}",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let out = self.drain();
+        (status, out)
+    }
+
+    fn drain(&mut self) -> Vec<String> {
+        let mut out = std::mem::take(&mut self.collected);
+        if let Some(rx) = self.lines.take() {
+            // The reader threads end when the process's pipes close.
+            while let Ok(l) = rx.recv_timeout(Duration::from_secs(2)) {
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::SIGKILL,
+        );
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// `key=value` pairs of the first line starting with `prefix`.
+pub fn fields(lines: &[String], prefix: &str) -> std::collections::HashMap<String, String> {
+    let line = lines
+        .iter()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix} line in:\n{}", lines.join("\n")));
+    line[prefix.len()..]
+        .split_whitespace()
+        .filter_map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+pub fn num(f: &std::collections::HashMap<String, String>, k: &str) -> f64 {
+    f.get(k)
+        .unwrap_or_else(|| panic!("no {k} in {f:?}"))
+        .parse()
+        .expect("number")
+}
+
+/// What is in /dev/shm now.
+pub fn dev_shm() -> BTreeSet<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until `path` exists (a producer's socket).
+pub fn wait_for_path(path: &Path, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} did not appear within {timeout:?}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

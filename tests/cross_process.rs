@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Two real processes: a producer and a consumer, started with exec (never fork), checked by
+//! frame contents, timestamps and the caps the consumer negotiated without being given any.
+
+mod common;
+use common::*;
+use std::time::{Duration, Instant};
+
+/// The producer renders a pattern that depends on the frame number into gpushmsink's pool;
+/// the consumer (`gpushmsrc ! appsink`, no caps) checks every byte of every frame and the PTS
+/// spacing.
+fn pattern_run(width: u32, height: u32, frames: u64) {
+    let dir = tmpdir();
+    let sock = dir.path().join("pattern.sock");
+    let shm_before = dev_shm();
+    let mut producer = example("pattern_producer");
+    producer.args(["--socket", sock.to_str().unwrap(), "--fps", "0", "--wait"]);
+    producer.args([
+        "--width",
+        &width.to_string(),
+        "--height",
+        &height.to_string(),
+        "--frames",
+        &frames.to_string(),
+    ]);
+    let producer = Proc::spawn(producer, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut consumer = example("frame_checker");
+    consumer.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--expect",
+        &frames.to_string(),
+    ]);
+    let consumer = Proc::spawn(consumer, "frame_checker");
+    let (cs, cout) = consumer.finish(Duration::from_secs(240));
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(cs.success(), "consumer failed:\n{}", cout.join("\n"));
+    assert!(ps.success(), "producer failed:\n{}", pout.join("\n"));
+    let s = fields(&cout, "SUMMARY ");
+    assert_eq!(num(&s, "frames"), frames as f64);
+    assert_eq!(num(&s, "bad"), 0.0, "frames with a wrong byte");
+    assert_eq!(
+        num(&s, "pts_errors"),
+        0.0,
+        "PTS not spaced by the frame duration"
+    );
+    assert_eq!(num(&s, "gaps"), 0.0);
+    assert_eq!(
+        (num(&s, "first"), num(&s, "last")),
+        (0.0, (frames - 1) as f64)
+    );
+    let caps: Vec<_> = cout.iter().filter(|l| l.starts_with("CAPS ")).collect();
+    assert_eq!(caps.len(), 1, "{caps:?}");
+    assert!(
+        caps[0].contains("format=(string)NV12")
+            && caps[0].contains(&format!("width=(int){width}"))
+            && caps[0].contains(&format!("height=(int){height}")),
+        "consumer negotiated {}",
+        caps[0]
+    );
+    let st = fields(&pout, "STATS ");
+    assert_eq!(num(&st, "frames-sent"), frames as f64);
+    assert_eq!(
+        num(&st, "frames-copied"),
+        0.0,
+        "the producer rendered into the pool: nothing to copy"
+    );
+    assert_eq!(dev_shm(), shm_before, "nothing of ours in /dev/shm");
+}
+
+#[test]
+fn nv12_1080p_500_frames_between_processes() {
+    pattern_run(1920, 1080, 500);
+}
+
+#[test]
+fn nv12_4k_500_frames_between_processes() {
+    pattern_run(3840, 2160, 500);
+}
+
+/// The copy path also delivers correct frames, and counts its copies.
+#[test]
+fn foreign_buffers_are_copied_once_and_counted() {
+    let dir = tmpdir();
+    let sock = dir.path().join("copy.sock");
+    let mut producer = example("pattern_producer");
+    producer.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--fps",
+        "0",
+        "--wait",
+        "--copy",
+    ]);
+    producer.args(["--width", "640", "--height", "480", "--frames", "60"]);
+    let producer = Proc::spawn(producer, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut consumer = example("frame_checker");
+    consumer.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--expect",
+        "60",
+    ]);
+    let (cs, cout) = Proc::spawn(consumer, "frame_checker").finish(Duration::from_secs(60));
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(
+        cs.success() && ps.success(),
+        "{}\n{}",
+        cout.join("\n"),
+        pout.join("\n")
+    );
+    assert_eq!(num(&fields(&cout, "SUMMARY "), "bad"), 0.0);
+    let st = fields(&pout, "STATS ");
+    assert_eq!(num(&st, "frames-copied"), 60.0);
+}
+
+fn live_producer(sock: &std::path::Path) -> Proc {
+    let p = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc is-live=true ! video/x-raw,format=NV12,width=320,height=240,framerate=100/1 ! gpushmsink socket-path={}",
+            sock.display()
+        )),
+        "gst-launch producer",
+    );
+    wait_for_path(sock, Duration::from_secs(10));
+    p
+}
+
+fn printing_consumer(sock: &std::path::Path) -> Proc {
+    let mut c = example("frame_checker");
+    c.args(["--socket", sock.to_str().unwrap(), "--print"]);
+    Proc::spawn(c, "frame_checker")
+}
+
+#[test]
+fn producer_killed_consumer_errors_within_a_second() {
+    let dir = tmpdir();
+    let sock = dir.path().join("kill-producer.sock");
+    let shm_before = dev_shm();
+    let mut producer = live_producer(&sock);
+    let mut consumer = printing_consumer(&sock);
+    consumer.wait_line("FRAME ", Duration::from_secs(10));
+    producer.kill9();
+    let killed = Instant::now();
+    let (status, out) = consumer.finish(Duration::from_secs(5));
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "the consumer took {took:?} to notice"
+    );
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "the consumer reports an error:\n{}",
+        out.join("\n")
+    );
+    assert!(
+        out.iter().any(|l| l.contains("went away")),
+        "readable error:\n{}",
+        out.join("\n")
+    );
+    assert_eq!(dev_shm(), shm_before, "nothing of ours in /dev/shm");
+}
+
+#[test]
+fn consumer_killed_producer_keeps_serving_others() {
+    let dir = tmpdir();
+    let sock = dir.path().join("kill-consumer.sock");
+    let shm_before = dev_shm();
+    let mut producer = live_producer(&sock);
+    let mut survivor = printing_consumer(&sock);
+    let mut victim = printing_consumer(&sock);
+    victim.wait_line("FRAME ", Duration::from_secs(10));
+    survivor.wait_line("FRAME ", Duration::from_secs(10));
+    victim.kill9();
+    let (_, _) = victim.finish(Duration::from_secs(5));
+    // The survivor keeps receiving, and a newcomer connects and gets frames.
+    for _ in 0..20 {
+        survivor.wait_line("FRAME ", Duration::from_secs(2));
+    }
+    let mut newcomer = example("frame_checker");
+    newcomer.args(["--socket", sock.to_str().unwrap(), "--frames", "30"]);
+    let (status, out) = Proc::spawn(newcomer, "newcomer").finish(Duration::from_secs(20));
+    assert!(status.success(), "{}", out.join("\n"));
+    assert_eq!(num(&fields(&out, "SUMMARY "), "frames"), 30.0);
+    assert!(
+        producer.is_running(),
+        "the producer survived a consumer's kill -9"
+    );
+    producer.kill9();
+    assert_eq!(dev_shm(), shm_before, "nothing of ours in /dev/shm");
+}
+
+#[test]
+fn producer_restarts_on_a_stale_socket() {
+    let dir = tmpdir();
+    let sock = dir.path().join("restart.sock");
+    let mut first = live_producer(&sock);
+    first.kill9();
+    let _ = first.finish(Duration::from_secs(5));
+    assert!(sock.exists(), "kill -9 leaves the socket file behind");
+    let _second = live_producer(&sock);
+    let mut c = example("frame_checker");
+    c.args(["--socket", sock.to_str().unwrap(), "--frames", "10"]);
+    let (status, out) = Proc::spawn(c, "frame_checker").finish(Duration::from_secs(20));
+    assert!(status.success(), "{}", out.join("\n"));
+}
+
+#[test]
+fn second_live_producer_on_the_same_path_is_an_error() {
+    let dir = tmpdir();
+    let sock = dir.path().join("busy.sock");
+    let _first = live_producer(&sock);
+    let second = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc num-buffers=10 ! gpushmsink socket-path={}",
+            sock.display()
+        )),
+        "second producer",
+    );
+    let (status, out) = second.finish(Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(
+        out.iter().any(|l| l.contains("already serving")),
+        "{}",
+        out.join("\n")
+    );
+}
+
+/// The command-line use from the README: both sides are gst-launch-1.0, the consumer gives no
+/// caps, and EOS travels from the producer to the consumer.
+#[test]
+fn gst_launch_on_both_sides() {
+    let dir = tmpdir();
+    let sock = dir.path().join("cli.sock");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc num-buffers=120 ! video/x-raw,format=I420,width=320,height=240,framerate=30/1 ! gpushmsink wait-for-connection=true socket-path={}",
+            sock.display()
+        )),
+        "gst-launch producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let consumer = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc lossless=true socket-path={} ! videoconvert ! fakesink",
+            sock.display()
+        )),
+        "gst-launch consumer",
+    );
+    let (cs, cout) = consumer.finish(Duration::from_secs(30));
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(cs.success(), "consumer:\n{}", cout.join("\n"));
+    assert!(ps.success(), "producer:\n{}", pout.join("\n"));
+}
