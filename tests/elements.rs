@@ -1,0 +1,482 @@
+// SPDX-License-Identifier: MPL-2.0
+//! In-process tests of each element: Harness for the sink and the src, plus small pipelines.
+
+mod common;
+use common::*;
+
+use gst::prelude::*;
+use gst_check::Harness;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A Harness around a gpushmsink configured before it starts (Harness plays elements with
+/// sink pads as soon as it wraps them).
+fn sink_harness_with(sock: &Path, caps: &str, configure: impl FnOnce(&gst::Element)) -> Harness {
+    let e = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", sock.to_str().unwrap())
+        .property("sync", false)
+        .property("async", false)
+        .build()
+        .unwrap();
+    configure(&e);
+    let mut h = Harness::with_element(&e, Some("sink"), None);
+    h.set_src_caps_str(caps);
+    h.play();
+    h
+}
+
+fn sink_harness(sock: &Path, caps: &str) -> Harness {
+    sink_harness_with(sock, caps, |_| {})
+}
+
+fn src_harness(sock: &Path, lossless: bool) -> Harness {
+    let mut h = Harness::new("gpushmsrc");
+    let e = h.element().unwrap();
+    e.set_property("socket-path", sock.to_str().unwrap());
+    e.set_property("lossless", lossless);
+    h.play();
+    h
+}
+
+fn gray_frame(n: u64, w: usize, h: usize) -> gst::Buffer {
+    let data: Vec<u8> = (0..w * h)
+        .map(|i| ((i as u64 * 13 + n * 7) % 256) as u8)
+        .collect();
+    let mut b = gst::Buffer::from_mut_slice(data);
+    let r = b.get_mut().unwrap();
+    r.set_pts(gst::ClockTime::from_mseconds(40 * n));
+    r.set_duration(gst::ClockTime::from_mseconds(40));
+    r.set_offset(n);
+    if n % 2 == 1 {
+        r.set_flags(gst::BufferFlags::DELTA_UNIT);
+    }
+    b
+}
+
+fn error_of(pipeline: &gst::Element, timeout: Duration) -> String {
+    let bus = pipeline.bus().unwrap();
+    let msg = bus
+        .timed_pop_filtered(
+            gst::ClockTime::from_nseconds(timeout.as_nanos() as u64),
+            &[gst::MessageType::Error],
+        )
+        .expect("an error message");
+    match msg.view() {
+        gst::MessageView::Error(e) => format!("{} {}", e.error(), e.debug().unwrap_or_default()),
+        _ => unreachable!(),
+    }
+}
+
+#[test]
+fn sink_without_socket_path_says_so() {
+    init();
+    let p = gst::parse::launch("videotestsrc ! gpushmsink").unwrap();
+    assert!(p.set_state(gst::State::Playing).is_err());
+    let e = error_of(&p, Duration::from_secs(5));
+    assert!(e.contains("socket-path is not set"), "{e}");
+    p.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn src_without_producer_times_out_with_a_clear_error() {
+    init();
+    let dir = tmpdir();
+    let p = gst::parse::launch(&format!(
+        "gpushmsrc timeout=200000000 socket-path={}/nobody ! fakesink",
+        dir.path().display()
+    ))
+    .unwrap();
+    let t = Instant::now();
+    assert!(p.set_state(gst::State::Playing).is_err());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    let e = error_of(&p, Duration::from_secs(5));
+    assert!(
+        e.contains("no gpushmsink is serving") && e.contains("nobody"),
+        "{e}"
+    );
+    p.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn frames_metadata_and_eos_travel_through_the_harnesses() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("h.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let mut src = src_harness(&sock, true);
+    // Wait until the client is registered before pushing.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..6 {
+        assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    }
+    let mut last_pts = None;
+    for n in 0..6u64 {
+        let b = src.pull().expect("a buffer");
+        let expect = gray_frame(n, 64, 48);
+        assert_eq!(
+            b.map_readable().unwrap().as_slice(),
+            expect.map_readable().unwrap().as_slice(),
+            "frame {n}"
+        );
+        assert_eq!(b.offset(), n);
+        assert_eq!(b.duration(), Some(gst::ClockTime::from_mseconds(40)));
+        assert_eq!(b.flags().contains(gst::BufferFlags::DELTA_UNIT), n % 2 == 1);
+        assert_eq!(b.flags().contains(gst::BufferFlags::DISCONT), n == 0);
+        let pts = b.pts().expect("pts");
+        if let Some(l) = last_pts {
+            assert_eq!(
+                pts - l,
+                gst::ClockTime::from_mseconds(40),
+                "PTS spacing kept"
+            );
+        }
+        last_pts = Some(pts);
+        let vm = b.meta::<gst_video::VideoMeta>().expect("video meta");
+        assert_eq!((vm.width(), vm.height(), vm.stride()[0]), (64, 48, 64));
+        let publish = gst::Caps::new_empty_simple(gstgpushm::PUBLISH_TIMESTAMP_CAPS);
+        assert!(b
+            .iter_meta::<gst::ReferenceTimestampMeta>()
+            .any(|m| m.reference() == publish.as_ref()));
+        // Writers get a copy (GStreamer copies non-writable memory on a write map); the ring
+        // itself is mapped PROT_READ (see the ring's unit tests).
+        assert!(
+            b.peek_memory(0)
+                .flags()
+                .contains(gst::MemoryFlags::READONLY),
+            "consumers get read-only memory"
+        );
+    }
+    let caps = src
+        .sinkpad()
+        .unwrap()
+        .current_caps()
+        .expect("caps from the producer");
+    let s = caps.structure(0).unwrap();
+    assert_eq!(
+        (
+            s.get::<&str>("format").unwrap(),
+            s.get::<i32>("width").unwrap()
+        ),
+        ("GRAY8", 64)
+    );
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 6);
+    assert_eq!(
+        stats.get::<u64>("frames-copied").unwrap(),
+        6,
+        "harness buffers are not from the pool"
+    );
+    assert!(sink.push_event(gst::event::Eos::new()));
+    // Serialized events reach the harness after the buffers: look for EOS.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(e) = src.try_pull_event() {
+            if e.type_() == gst::EventType::Eos {
+                break;
+            }
+        } else {
+            assert!(Instant::now() < deadline, "no EOS from the src");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[test]
+fn caps_change_mid_stream_makes_a_new_ring() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("caps.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let mut src = src_harness(&sock, true);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..3 {
+        sink.push(gray_frame(n, 64, 48)).unwrap();
+    }
+    sink.set_src_caps_str("video/x-raw,format=GRAY8,width=128,height=96,framerate=25/1");
+    for n in 3..6 {
+        sink.push(gray_frame(n, 128, 96)).unwrap();
+    }
+    for n in 0..6u64 {
+        let b = src.pull().expect("a buffer");
+        let (w, h) = if n < 3 { (64, 48) } else { (128, 96) };
+        let expect = gray_frame(n, w, h);
+        assert_eq!(b.size(), w * h, "frame {n}");
+        assert_eq!(
+            b.map_readable().unwrap().as_slice(),
+            expect.map_readable().unwrap().as_slice()
+        );
+        let vm = b.meta::<gst_video::VideoMeta>().unwrap();
+        assert_eq!(vm.width() as usize, w);
+    }
+    let caps = src.sinkpad().unwrap().current_caps().unwrap();
+    assert_eq!(caps.structure(0).unwrap().get::<i32>("width").unwrap(), 128);
+}
+
+#[test]
+fn videotestsrc_renders_straight_into_the_ring() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("vts.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=50 ! video/x-raw,format=NV12,width=320,height=240 ! gpushmsink name=sink sync=false wait-for-connection=true socket-path={}",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc lossless=true socket-path={} ! appsink name=out sync=false",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    let appsink = consumer
+        .by_name("out")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    let mut got = 0;
+    while appsink.pull_sample().is_ok() {
+        got += 1;
+    }
+    assert_eq!(got, 50);
+    let stats = producer
+        .by_name("sink")
+        .unwrap()
+        .property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 50);
+    assert_eq!(
+        stats.get::<u64>("frames-copied").unwrap(),
+        0,
+        "videotestsrc used the ring's pool"
+    );
+    consumer.set_state(gst::State::Null).unwrap();
+    producer.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn live_timestamps_map_to_the_consumer_running_time() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("live.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48,framerate=50/1 ! gpushmsink socket-path={}",
+        sock.display()
+    ))
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} ! appsink name=out sync=false",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    let appsink = consumer
+        .by_name("out")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    for _ in 0..20 {
+        let s = appsink.pull_sample().unwrap();
+        let pts = s.buffer().unwrap().pts().unwrap();
+        let now = consumer.clock().unwrap().time() - consumer.base_time().unwrap();
+        // The frame was stamped by the producer's clock a frame or so ago, not shifted.
+        let lag = now.nseconds() as i64 - pts.nseconds() as i64;
+        assert!((0..100_000_000).contains(&lag), "running-time lag {lag} ns");
+    }
+    consumer.set_state(gst::State::Null).unwrap();
+    producer.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn socket_gets_the_requested_permissions() {
+    init();
+    let dir = tmpdir();
+    for (perms, want) in [(None, 0o600), (Some(0o660u32), 0o660)] {
+        let sock = dir.path().join(format!("perm{want:o}.sock"));
+        let h = sink_harness_with(&sock, "video/x-raw,format=GRAY8,width=8,height=8", |e| {
+            if let Some(p) = perms {
+                e.set_property("perms", p);
+            }
+        });
+        let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, want);
+        drop(h);
+        assert!(!sock.exists(), "the sink removes its socket when it stops");
+    }
+}
+
+#[test]
+fn client_signals_and_num_clients() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("sig.sock");
+    let sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let e = sink.element().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let tx2 = tx.clone();
+    e.connect("client-connected", false, move |v| {
+        tx.send(("connected", v[1].get::<i32>().unwrap())).unwrap();
+        None
+    });
+    e.connect("client-disconnected", false, move |v| {
+        tx2.send(("disconnected", v[1].get::<i32>().unwrap()))
+            .unwrap();
+        None
+    });
+    let src = src_harness(&sock, false);
+    let (what, id) = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(what, "connected");
+    assert_eq!(e.property::<u32>("num-clients"), 1);
+    drop(src);
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(1)).unwrap(),
+        ("disconnected", id)
+    );
+    assert_eq!(e.property::<u32>("num-clients"), 0);
+}
+
+#[test]
+fn garbage_and_silent_clients_are_dropped_and_others_still_served() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("garbage.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let mut garbage = UnixStream::connect(&sock).unwrap();
+    garbage
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let silent = UnixStream::connect(&sock).unwrap();
+    garbage
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reply = Vec::new();
+    let _ = garbage.read_to_end(&mut reply);
+    assert!(
+        String::from_utf8_lossy(&reply).contains("bad magic"),
+        "the sink explains why it hangs up"
+    );
+    let mut src = src_harness(&sock, true);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sink.push(gray_frame(0, 64, 48)).unwrap();
+    assert_eq!(src.pull().unwrap().offset(), 0);
+    // A client that never says Hello is dropped after the handshake timeout.
+    silent
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 16];
+    assert_eq!((&silent).read(&mut buf).unwrap_or(0), 0);
+    assert!(t.elapsed() < Duration::from_secs(4));
+}
+
+#[test]
+fn shutting_down_a_waiting_src_does_not_hang() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("idle.sock");
+    let _sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} ! fakesink",
+        sock.display()
+    ))
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let t = Instant::now();
+    consumer.set_state(gst::State::Null).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn a_consumer_that_leaves_never_blocks_render() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("block.sock");
+    let mut sink = sink_harness_with(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+        |e| e.set_property("slots", 4u32),
+    );
+    let e = sink.element().unwrap();
+    // A lossless consumer that takes frames but never lets go of them holds every slot...
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc lossless=true socket-path={} ! appsink name=out sync=false max-buffers=100",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    while e.property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for n in 0..12 {
+            sink.push(gray_frame(n, 64, 48)).unwrap();
+            tx.send(n).unwrap();
+        }
+    });
+    // ...so render waits once the ring is full,
+    let mut pushed = 0;
+    while let Ok(n) = rx.recv_timeout(Duration::from_millis(500)) {
+        pushed = n + 1;
+    }
+    assert!(
+        pushed < 12,
+        "render should wait for a lossless consumer holding every slot"
+    );
+    // ...until that consumer goes away: then every slot comes back at once.
+    consumer.set_state(gst::State::Null).unwrap();
+    drop(consumer);
+    let t = Instant::now();
+    while pushed < 12 {
+        pushed = rx
+            .recv_timeout(Duration::from_secs(2))
+            .expect("render unblocked")
+            + 1;
+    }
+    assert!(t.elapsed() < Duration::from_secs(2));
+}
