@@ -521,7 +521,8 @@ mod tests {
             || ConsumerRing::open(p.read_only_fd().unwrap(), 1, 4, g.slot_size, g.total_size);
         assert!(open().is_ok());
         let h = p.header();
-        let cases: Vec<(&str, Box<dyn Fn()>, Box<dyn Fn()>)> = vec![
+        type Case<'a> = (&'a str, Box<dyn Fn() + 'a>, Box<dyn Fn() + 'a>);
+        let cases: Vec<Case> = vec![
             (
                 "magic",
                 Box::new(|| h.magic.store(7, Ordering::Relaxed)),

@@ -143,7 +143,7 @@ impl ProducerRing {
             return None;
         }
         let rel = (p - start) as u64;
-        if rel % self.geom.slot_size != 0 {
+        if !rel.is_multiple_of(self.geom.slot_size) {
             return None;
         }
         let slot = rel / self.geom.slot_size;

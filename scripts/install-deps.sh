@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MPL-2.0
+# Installs what gpushm needs on Debian, Ubuntu or JetPack, only where it is missing:
+# GStreamer development files, tools and plugins (apt-get, with sudo when not root),
+# and the Rust components used by `make test`.
+set -euo pipefail
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+
+pkgs=()
+pkg-config --version >/dev/null 2>&1 || pkgs+=(pkg-config)
+command -v cc >/dev/null 2>&1 || pkgs+=(gcc)
+pkg-config --exists gstreamer-1.0 gstreamer-check-1.0 2>/dev/null || pkgs+=(libgstreamer1.0-dev)
+pkg-config --exists gstreamer-video-1.0 gstreamer-app-1.0 2>/dev/null || pkgs+=(libgstreamer-plugins-base1.0-dev)
+command -v gst-launch-1.0 >/dev/null 2>&1 || pkgs+=(gstreamer1.0-tools)
+gst-inspect-1.0 videotestsrc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-base)
+gst-inspect-1.0 shmsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
+gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
+
+if [ ${#pkgs[@]} -gt 0 ]; then
+  echo "Installing: ${pkgs[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "Rust is not installed. Installing it with rustup (https://rustup.rs)..."
+  command -v curl >/dev/null 2>&1 || $sudo apt-get install -y -qq curl ca-certificates
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
+  echo "Rust installed: open a new shell (or run: . \$HOME/.cargo/env) and run make again."
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  for c in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
+  done
+fi
