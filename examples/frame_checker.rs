@@ -118,7 +118,8 @@ fn main() {
                 // Sources round n * 1s / fps while the duration is truncated: allow the
                 // truncation, under 1 ns per frame.
                 let frames = n as i128 - n0 as i128;
-                let err = p.nseconds() as i128 - p0.nseconds() as i128 - frames * d.nseconds() as i128;
+                let err =
+                    p.nseconds() as i128 - p0.nseconds() as i128 - frames * d.nseconds() as i128;
                 if err.abs() > frames.abs() {
                     pts_errors += 1;
                 }
