@@ -23,7 +23,9 @@ check: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
 
+# The gst-launch-1.0 tests load the plugin's .so, which `cargo test` alone does not build.
 test: check
+	$(CARGO) build --locked --lib
 	$(CARGO) test --locked
 
 clean:

@@ -7,7 +7,14 @@
 //! - `gpushmsrc`: maps a producer's ring read-only and pushes buffers that point into it.
 
 use gst::glib;
+use once_cell::sync::Lazy;
 
+/// The plugin-wide debug category, for code shared by several elements.
+pub(crate) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
+    gst::DebugCategory::new("gpushm", gst::DebugColorFlags::empty(), Some("gpushm shared code"))
+});
+
+pub mod cuda;
 mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;

@@ -52,6 +52,13 @@ pub fn gst_launch(pipeline: &str) -> Command {
     c.arg("-q");
     c.args(pipeline.split_whitespace());
     let dir = build_dir();
+    // Locally the plugin sits beside the test binaries' deps/ folder; when packed for the GPU
+    // machine it is on GST_PLUGIN_SYSTEM_PATH instead.
+    assert!(
+        dir.join("libgstgpushm.so").exists() || std::env::var_os("GST_PLUGIN_SYSTEM_PATH").is_some(),
+        "{}/libgstgpushm.so is missing: run `cargo build` before `cargo test` (make test does)",
+        dir.display()
+    );
     let path = match std::env::var_os("GST_PLUGIN_PATH") {
         Some(p) => {
             let mut v = std::env::split_paths(&p).collect::<Vec<_>>();
