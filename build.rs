@@ -34,7 +34,13 @@ fn main() {
     // fall back to compute_75 there.
     for arch in ["compute_72", "compute_75"] {
         let ok = Command::new(&nvcc)
-            .args(["-ptx", "-O3", &format!("-arch={arch}"), "kernels/sum.cu", "-o"])
+            .args([
+                "-ptx",
+                "-O3",
+                &format!("-arch={arch}"),
+                "kernels/sum.cu",
+                "-o",
+            ])
             .arg(&out)
             .status()
             .map(|s| s.success())

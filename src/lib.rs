@@ -11,20 +11,29 @@ use once_cell::sync::Lazy;
 
 /// The plugin-wide debug category, for code shared by several elements.
 pub(crate) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
-    gst::DebugCategory::new("gpushm", gst::DebugColorFlags::empty(), Some("gpushm shared code"))
+    gst::DebugCategory::new(
+        "gpushm",
+        gst::DebugColorFlags::empty(),
+        Some("gpushm shared code"),
+    )
 });
 
 pub mod cuda;
+pub mod cudameta;
+mod cudasum;
 mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;
 pub mod pattern;
 pub mod ring;
 
+pub use cudasum::planes as sum_planes;
 pub use gpushmsrc::PUBLISH_TIMESTAMP_CAPS;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    cudameta::register();
     gpushmsink::register(plugin)?;
+    cudasum::register(plugin)?;
     gpushmsrc::register(plugin)?;
     Ok(())
 }

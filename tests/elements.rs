@@ -288,7 +288,9 @@ fn live_timestamps_map_to_the_consumer_running_time() {
     ))
     .unwrap();
     producer.set_state(gst::State::Playing).unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // The producer's running time is a second ahead of the consumer's: without the mapping the
+    // consumer's PTS would be about a second in its future.
+    std::thread::sleep(Duration::from_secs(1));
     let consumer = gst::parse::launch(&format!(
         "gpushmsrc socket-path={} ! appsink name=out sync=false",
         sock.display()
@@ -306,9 +308,9 @@ fn live_timestamps_map_to_the_consumer_running_time() {
         let s = appsink.pull_sample().unwrap();
         let pts = s.buffer().unwrap().pts().unwrap();
         let now = consumer.clock().unwrap().time() - consumer.base_time().unwrap();
-        // The frame was stamped by the producer's clock a frame or so ago, not shifted.
+        // Stamped by the producer a frame or so ago (generous bound for loaded CI machines).
         let lag = now.nseconds() as i64 - pts.nseconds() as i64;
-        assert!((0..100_000_000).contains(&lag), "running-time lag {lag} ns");
+        assert!((0..500_000_000).contains(&lag), "running-time lag {lag} ns");
     }
     consumer.set_state(gst::State::Null).unwrap();
     producer.set_state(gst::State::Null).unwrap();

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice, PushKernelArg};
+use cudarc::driver::{
+    CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
+};
 use cudarc::nvrtc::{CompileOptions, Ptx};
 use once_cell::sync::Lazy;
 
@@ -34,14 +37,19 @@ pub struct SumKernels {
 }
 
 fn fnv64(s: &str) -> u64 {
-    s.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn cache_path(arch: &str) -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("gpushm").join(format!("sum-{:016x}-{arch}.ptx", fnv64(SUM_SOURCE))))
+    Some(
+        base.join("gpushm")
+            .join(format!("sum-{:016x}-{arch}.ptx", fnv64(SUM_SOURCE))),
+    )
 }
 
 fn load(device: &Device, ptx: Ptx, origin: &'static str) -> Result<SumKernels> {
@@ -58,7 +66,11 @@ fn compile(device: &Device) -> Result<SumKernels> {
     if let Some(ptx) = PREBUILT_PTX {
         match load(device, Ptx::from_src(ptx), "nvcc") {
             Ok(k) => return Ok(k),
-            Err(e) => gst::warning!(crate::CAT, "build-time PTX does not load on {} ({e}); using NVRTC", device.name),
+            Err(e) => gst::warning!(
+                crate::CAT,
+                "build-time PTX does not load on {} ({e}); using NVRTC",
+                device.name
+            ),
         }
     }
     let (major, minor) = device.compute_capability;
@@ -82,8 +94,11 @@ fn compile(device: &Device) -> Result<SumKernels> {
         arch: Some(Box::leak(arch.clone().into_boxed_str())),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SUM_SOURCE, opts)
-        .map_err(|e| CudaError(format!("NVRTC could not compile kernels/sum.cu for {arch}: {e}")))?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SUM_SOURCE, opts).map_err(|e| {
+        CudaError(format!(
+            "NVRTC could not compile kernels/sum.cu for {arch}: {e}"
+        ))
+    })?;
     if let Some(path) = cache {
         let text = ptx.to_src();
         if let Some(dir) = path.parent() {
@@ -98,7 +113,8 @@ fn compile(device: &Device) -> Result<SumKernels> {
 
 /// The kernels for `device`, compiled or loaded once per process.
 pub fn sum_kernels(device: &Arc<Device>) -> Result<Arc<SumKernels>> {
-    static CACHE: Lazy<Mutex<HashMap<usize, Arc<SumKernels>>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+    static CACHE: Lazy<Mutex<HashMap<usize, Arc<SumKernels>>>> =
+        Lazy::new(|| Mutex::new(HashMap::new()));
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(k) = cache.get(&device.ordinal) {
         return Ok(k.clone());
@@ -142,7 +158,15 @@ impl GpuSummer {
         let out = stream.alloc_zeros::<u64>(MAX_JOBS * 4)?;
         let start = device.ctx.new_event(None)?;
         let end = device.ctx.new_event(None)?;
-        Ok(Self { device: device.clone(), kernels, stream, out, staging: None, start, end })
+        Ok(Self {
+            device: device.clone(),
+            kernels,
+            stream,
+            out,
+            staging: None,
+            start,
+            end,
+        })
     }
 
     pub fn device(&self) -> &Arc<Device> {
@@ -155,14 +179,23 @@ impl GpuSummer {
 
     fn grid(&self, work_items: u64) -> LaunchConfig {
         let max_blocks = self.device.multiprocessors * 8;
-        let blocks = work_items.div_ceil((THREADS * UNROLL) as u64).clamp(1, max_blocks as u64) as u32;
-        LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+        let blocks = work_items
+            .div_ceil((THREADS * UNROLL) as u64)
+            .clamp(1, max_blocks as u64) as u32;
+        LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
     }
 
     /// Per-plane, per-channel sums of `jobs`, and the kernel time in nanoseconds.
     pub fn sum(&mut self, jobs: &[PlaneJob]) -> Result<(Vec<[u64; 4]>, u64)> {
         if jobs.len() > MAX_JOBS {
-            return Err(CudaError(format!("{} planes, at most {MAX_JOBS}", jobs.len())));
+            return Err(CudaError(format!(
+                "{} planes, at most {MAX_JOBS}",
+                jobs.len()
+            )));
         }
         self.device.ctx.bind_to_thread()?;
         self.stream.memset_zeros(&mut self.out)?;
@@ -178,7 +211,12 @@ impl GpuSummer {
             let out_ptr = out_base + (i * 4 * 8) as u64;
             let cfg = self.grid(j.row_bytes as u64 * j.rows as u64 / 16);
             let mut b = self.stream.launch_builder(&self.kernels.sum_plane);
-            b.arg(&j.dev_ptr).arg(&j.stride).arg(&j.row_bytes).arg(&j.rows).arg(&j.channels).arg(&out_ptr);
+            b.arg(&j.dev_ptr)
+                .arg(&j.stride)
+                .arg(&j.row_bytes)
+                .arg(&j.rows)
+                .arg(&j.channels)
+                .arg(&out_ptr);
             // SAFETY: the kernel reads rows*stride bytes from dev_ptr (checked by the caller to
             // lie in registered or device memory) and writes 4 u64 at out_ptr.
             unsafe { b.launch(cfg) }?;
@@ -186,14 +224,24 @@ impl GpuSummer {
         self.end.record(&self.stream)?;
         let all = self.stream.clone_dtoh(&self.out)?;
         let ns = (self.start.elapsed_ms(&self.end)? as f64 * 1e6) as u64;
-        Ok((jobs.iter().enumerate().map(|(i, _)| [all[i * 4], all[i * 4 + 1], all[i * 4 + 2], all[i * 4 + 3]]).collect(), ns))
+        Ok((
+            jobs.iter()
+                .enumerate()
+                .map(|(i, _)| [all[i * 4], all[i * 4 + 1], all[i * 4 + 2], all[i * 4 + 3]])
+                .collect(),
+            ns,
+        ))
     }
 
     /// Copies `data` to device memory through a pinned staging buffer; returns its device
     /// address (valid until the next call).
     pub fn stage(&mut self, data: &[u8]) -> Result<u64> {
         self.device.ctx.bind_to_thread()?;
-        if self.staging.as_ref().is_none_or(|(h, _)| h.len() < data.len()) {
+        if self
+            .staging
+            .as_ref()
+            .is_none_or(|(h, _)| h.len() < data.len())
+        {
             // SAFETY: filled before use below.
             let host = unsafe { self.device.ctx.alloc_pinned::<u8>(data.len()) }?;
             let dev = self.stream.alloc_zeros::<u8>(data.len())?;

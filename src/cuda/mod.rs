@@ -88,11 +88,14 @@ impl fmt::Debug for Device {
 
 /// The device `id` (-1 = the first one), opened once per process.
 pub fn device(id: i32) -> Result<Arc<Device>> {
-    static DEVICES: Lazy<Mutex<HashMap<usize, Arc<Device>>>> = Lazy::new(|| Mutex::new(HashMap::new()));
+    static DEVICES: Lazy<Mutex<HashMap<usize, Arc<Device>>>> =
+        Lazy::new(|| Mutex::new(HashMap::new()));
     let count = driver()?;
     let ordinal = if id < 0 { 0 } else { id as usize };
     if ordinal >= count as usize {
-        return Err(CudaError(format!("cuda-device-id {id} does not exist: this machine has {count} GPU(s)")));
+        return Err(CudaError(format!(
+            "cuda-device-id {id} does not exist: this machine has {count} GPU(s)"
+        )));
     }
     let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = devices.get(&ordinal) {
@@ -106,7 +109,8 @@ pub fn device(id: i32) -> Result<Arc<Device>> {
         compute_capability: ctx.compute_capability()?,
         integrated: attr(Attr::CU_DEVICE_ATTRIBUTE_INTEGRATED) != 0,
         host_register: attr(Attr::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0,
-        host_register_read_only: attr(Attr::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED) != 0,
+        host_register_read_only: attr(Attr::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED)
+            != 0,
         multiprocessors: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1) as u32,
         ctx,
     });

@@ -28,7 +28,11 @@ pub struct HostRegistration {
 
 impl std::fmt::Debug for HostRegistration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} bytes at {:#x} -> device {:#x} on GPU {}", self.len, self.host, self.dev_ptr, self.device.ordinal)
+        write!(
+            f,
+            "{} bytes at {:#x} -> device {:#x} on GPU {}",
+            self.len, self.host, self.dev_ptr, self.device.ordinal
+        )
     }
 }
 
@@ -45,12 +49,23 @@ impl HostRegistration {
     ///
     /// # Safety
     /// `ptr..ptr+len` must stay mapped until the registration is dropped.
-    pub unsafe fn new(device: &Arc<Device>, ptr: *const u8, len: usize, read_only: bool) -> Result<Self> {
+    pub unsafe fn new(
+        device: &Arc<Device>,
+        ptr: *const u8,
+        len: usize,
+        read_only: bool,
+    ) -> Result<Self> {
         if !device.host_register {
-            return Err(CudaError(format!("{} cannot register host memory", device.name)));
+            return Err(CudaError(format!(
+                "{} cannot register host memory",
+                device.name
+            )));
         }
         if read_only && !device.host_register_read_only {
-            return Err(CudaError(format!("{} cannot register read-only host memory", device.name)));
+            return Err(CudaError(format!(
+                "{} cannot register read-only host memory",
+                device.name
+            )));
         }
         device.ctx.bind_to_thread()?;
         let mut flags = sys::CU_MEMHOSTREGISTER_PORTABLE | sys::CU_MEMHOSTREGISTER_DEVICEMAP;
@@ -58,7 +73,9 @@ impl HostRegistration {
             flags |= sys::CU_MEMHOSTREGISTER_READ_ONLY;
         }
         // SAFETY: the caller keeps the range mapped for the registration's lifetime.
-        check("cuMemHostRegister", unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) })?;
+        check("cuMemHostRegister", unsafe {
+            sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags)
+        })?;
         REGISTRATIONS.fetch_add(1, Ordering::Relaxed);
         let mut dev_ptr: sys::CUdeviceptr = 0;
         // SAFETY: the range was just registered with DEVICEMAP.
@@ -68,7 +85,13 @@ impl HostRegistration {
             unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
             return Err(e);
         }
-        Ok(Self { device: device.clone(), host: ptr as usize, len, dev_ptr, read_only })
+        Ok(Self {
+            device: device.clone(),
+            host: ptr as usize,
+            len,
+            dev_ptr,
+            read_only,
+        })
     }
 
     /// Device address of the first registered byte.
@@ -103,3 +126,34 @@ impl Drop for HostRegistration {
 // SAFETY: only addresses are stored; the driver calls are thread-safe once bound.
 unsafe impl Send for HostRegistration {}
 unsafe impl Sync for HostRegistration {}
+
+/// Put on a mapping that could not be registered, so that nobody tries again for every frame.
+#[derive(Debug)]
+pub struct NotRegistered(pub String);
+
+/// Registers a whole ring mapping once and returns what to attach to it: the registration, or
+/// the reason it failed.
+///
+/// # Safety
+/// `ptr..ptr+len` must stay mapped for as long as the returned value lives.
+pub unsafe fn register_mapping(
+    device: &Arc<Device>,
+    ptr: *const u8,
+    len: usize,
+    read_only: bool,
+) -> Box<dyn std::any::Any + Send + Sync> {
+    // SAFETY: forwarded contract.
+    match unsafe { HostRegistration::new(device, ptr, len, read_only) } {
+        Ok(r) => Box::new(r),
+        Err(e) => Box::new(NotRegistered(e.0)),
+    }
+}
+
+/// The device address of `ptr` if `attachment` is a registration that covers it.
+pub fn device_ptr_in(
+    attachment: Option<&(dyn std::any::Any + Send + Sync)>,
+    ptr: *const u8,
+) -> Option<(u64, i32)> {
+    let reg = attachment?.downcast_ref::<HostRegistration>()?;
+    Some((reg.device_ptr_of(ptr)?, reg.device().ordinal as i32))
+}

@@ -48,6 +48,7 @@ static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
 const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
 const DEFAULT_PERMS: u32 = 0o600;
 const DEFAULT_SLOTS: u32 = 8;
+const DEFAULT_CUDA_DEVICE: i32 = -1;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -55,6 +56,7 @@ struct Settings {
     wait_for_connection: bool,
     perms: u32,
     slots: u32,
+    cuda_device: i32,
 }
 
 impl Default for Settings {
@@ -64,6 +66,7 @@ impl Default for Settings {
             wait_for_connection: DEFAULT_WAIT_FOR_CONNECTION,
             perms: DEFAULT_PERMS,
             slots: DEFAULT_SLOTS,
+            cuda_device: DEFAULT_CUDA_DEVICE,
         }
     }
 }
@@ -72,6 +75,8 @@ enum State {
     Stopped,
     Started {
         server: Arc<Server>,
+        /// The GPU rings are registered with, if any.
+        cuda: Option<Arc<crate::cuda::Device>>,
         info: Option<gst_video::VideoInfo>,
         caps: Option<gst::Caps>,
         pool: Option<SlotPool>,
@@ -210,6 +215,7 @@ impl GpuShmSink {
             info: cur_info,
             caps: cur_caps,
             pool,
+            cuda,
         } = &mut *state
         else {
             return Err(gst::loggable_error!(CAT, "Not started"));
@@ -221,6 +227,21 @@ impl GpuShmSink {
             .new_ring(slots, info.size() as u64, caps)
             .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
         gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
+        if let (Some(dev), Some(ring)) = (cuda.as_ref(), new_pool.ring()) {
+            let (base, len) = ring.mapping();
+            // SAFETY: attached to the ring, so dropped before its mapping.
+            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, false) };
+            if let Some(why) = att.downcast_ref::<crate::cuda::register::NotRegistered>() {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "cannot register the ring with {}: {}",
+                    dev.name,
+                    why.0
+                );
+            }
+            ring.attach(att);
+        }
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
         }
@@ -313,6 +334,13 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_SLOTS)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecInt::builder("cuda-device-id")
+                    .nick("CUDA device")
+                    .blurb("GPU to register the ring with, once per ring, so that CUDA elements upstream can render into the slots (pool buffers carry GpuShmCudaMeta). -1 = the first GPU if there is one, none otherwise")
+                    .minimum(-1)
+                    .default_value(DEFAULT_CUDA_DEVICE)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt::builder("num-clients")
                     .nick("Number of clients")
                     .blurb("Consumers connected now")
@@ -354,6 +382,7 @@ impl ObjectImpl for GpuShmSink {
             "wait-for-connection" => s.wait_for_connection = value.get().expect("type checked"),
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
+            "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -369,6 +398,7 @@ impl ObjectImpl for GpuShmSink {
             "wait-for-connection" => self.settings().wait_for_connection.to_value(),
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
+            "cuda-device-id" => self.settings().cuda_device.to_value(),
             "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),
             "stats" => self.stats_structure().to_value(),
             _ => unimplemented!(),
@@ -446,8 +476,23 @@ impl BaseSinkImpl for GpuShmSink {
             )
         })?;
         gst::debug!(CAT, imp = self, "listening on {}", path.display());
+        let cuda = match crate::cuda::device(s.cuda_device) {
+            Ok(d) => Some(d),
+            Err(e) if s.cuda_device < 0 => {
+                gst::info!(CAT, imp = self, "rings are not registered with CUDA: {e}");
+                None
+            }
+            Err(e) => {
+                server.stop();
+                return Err(gst::error_msg!(
+                    gst::LibraryError::Init,
+                    ("cuda-device-id={}: {}", s.cuda_device, e)
+                ));
+            }
+        };
         *self.state() = State::Started {
             server,
+            cuda,
             info: None,
             caps: None,
             pool: None,
@@ -545,6 +590,7 @@ impl BaseSinkImpl for GpuShmSink {
                 info: Some(info),
                 caps: Some(caps),
                 pool: Some(pool),
+                ..
             } => (server.clone(), info.clone(), caps.clone(), pool.clone()),
             _ => {
                 gst::element_imp_error!(

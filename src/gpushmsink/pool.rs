@@ -132,6 +132,8 @@ mod imp {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             let ring = st.ring.clone().ok_or(gst::FlowError::Error)?;
             let slot = st.free_slots.pop().ok_or(gst::FlowError::Eos)?;
+            let cuda = crate::cuda::register::device_ptr_in(ring.attachment(), ring.slot_ptr(slot));
+            let slot_size = ring.slot_size();
             let mem = wrap_slot_memory(
                 ring.slot_ptr(slot),
                 ring.slot_size() as usize,
@@ -143,6 +145,17 @@ mod imp {
             {
                 let b = buffer.get_mut().expect("new buffer is writable");
                 b.append_memory(mem);
+                if let Some((device_ptr, device)) = cuda {
+                    crate::cudameta::add(
+                        b,
+                        crate::cudameta::CudaPtr {
+                            device,
+                            device_ptr,
+                            size: slot_size,
+                            read_only: false,
+                        },
+                    );
+                }
                 if let Some(info) = &st.video_info {
                     let _ = gst_video::VideoMeta::add_full(
                         b,

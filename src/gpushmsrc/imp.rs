@@ -50,12 +50,14 @@ pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
 
 const DEFAULT_TIMEOUT: u64 = 5_000_000_000;
 const DEFAULT_LOSSLESS: bool = false;
+const DEFAULT_CUDA_DEVICE: i32 = -1;
 
 #[derive(Debug, Clone)]
 struct Settings {
     socket_path: Option<PathBuf>,
     timeout: u64,
     lossless: bool,
+    cuda_device: i32,
 }
 
 impl Default for Settings {
@@ -64,6 +66,7 @@ impl Default for Settings {
             socket_path: None,
             timeout: DEFAULT_TIMEOUT,
             lossless: DEFAULT_LOSSLESS,
+            cuda_device: DEFAULT_CUDA_DEVICE,
         }
     }
 }
@@ -78,6 +81,8 @@ struct Started {
     received: u64,
     /// Added to the producer's clock times, fixed at the first frame.
     shift: Option<u64>,
+    /// The GPU rings are registered with, if any.
+    cuda: Option<std::sync::Arc<crate::cuda::Device>>,
 }
 
 pub struct GpuShmSrc {
@@ -153,6 +158,46 @@ impl GpuShmSrc {
         Ok(())
     }
 
+    /// The device address of a frame, registering its ring with CUDA the first time one of its
+    /// frames is seen (once per mapping, never per frame).
+    fn cuda_ptr(&self, st: &Started, frame: &Frame) -> Option<crate::cudameta::CudaPtr> {
+        let dev = st.cuda.as_ref()?;
+        let ring = frame.lease.ring();
+        if ring.attachment().is_none() {
+            let (base, len) = ring.mapping();
+            // SAFETY: the registration is attached to the mapping and dropped before it.
+            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, true) };
+            match att.downcast_ref::<crate::cuda::register::NotRegistered>() {
+                Some(why) => gst::element_imp_warning!(
+                    self,
+                    gst::ResourceError::Settings,
+                    (
+                        "Cannot register the ring with {} ({}); CUDA elements will copy each frame",
+                        dev.name,
+                        why.0
+                    )
+                ),
+                None => gst::info!(
+                    CAT,
+                    imp = self,
+                    "ring {} ({} MiB) registered read-only with {}",
+                    ring.ring_gen(),
+                    len >> 20,
+                    dev.name
+                ),
+            }
+            ring.attach(att);
+        }
+        let (device_ptr, device) =
+            crate::cuda::register::device_ptr_in(ring.attachment(), frame.ptr)?;
+        Some(crate::cudameta::CudaPtr {
+            device,
+            device_ptr,
+            size: frame.meta.payload_size,
+            read_only: true,
+        })
+    }
+
     fn build_buffer(&self, st: &mut Started, frame: Frame) -> Result<gst::Buffer, gst::FlowError> {
         let Some(info) = st.info.clone() else {
             return Err(gst::FlowError::NotNegotiated);
@@ -167,6 +212,7 @@ impl GpuShmSrc {
         }
         let m = frame.meta;
         let size = m.payload_size as usize;
+        let cuda = self.cuda_ptr(st, &frame);
         let mem = wrap_slot_memory(
             frame.ptr as *mut u8,
             size,
@@ -244,6 +290,9 @@ impl GpuShmSrc {
                 gst::ClockTime::from_nseconds(m.publish_ns),
                 None,
             );
+            if let Some(c) = cuda {
+                crate::cudameta::add(b, c);
+            }
         }
         st.received += 1;
         Ok(buffer)
@@ -319,6 +368,13 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_LOSSLESS)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecInt::builder("cuda-device-id")
+                    .nick("CUDA device")
+                    .blurb("GPU to register the ring with, once per mapping, so CUDA elements read frames in place (GpuShmCudaMeta). -1 = the first GPU if there is one, none otherwise")
+                    .minimum(-1)
+                    .default_value(DEFAULT_CUDA_DEVICE)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
                     .blurb("Frames the producer skipped for this consumer because it fell behind (leaky mode)")
@@ -340,6 +396,7 @@ impl ObjectImpl for GpuShmSrc {
             }
             "timeout" => s.timeout = value.get().expect("type checked"),
             "lossless" => s.lossless = value.get().expect("type checked"),
+            "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -354,6 +411,7 @@ impl ObjectImpl for GpuShmSrc {
                 .to_value(),
             "timeout" => self.settings().timeout.to_value(),
             "lossless" => self.settings().lossless.to_value(),
+            "cuda-device-id" => self.settings().cuda_device.to_value(),
             "frames-dropped" => self
                 .state()
                 .as_ref()
@@ -437,6 +495,22 @@ impl BaseSrcImpl for GpuShmSrc {
             path.display(),
             conn.client_id()
         );
+        let cuda = match crate::cuda::device(s.cuda_device) {
+            Ok(d) => {
+                gst::info!(CAT, imp = self, "{d:?}");
+                Some(d)
+            }
+            Err(e) if s.cuda_device < 0 => {
+                gst::info!(CAT, imp = self, "frames are not registered with CUDA: {e}");
+                None
+            }
+            Err(e) => {
+                return Err(gst::error_msg!(
+                    gst::LibraryError::Init,
+                    ("cuda-device-id={}: {}", s.cuda_device, e)
+                ));
+            }
+        };
         *self.state() = Some(Started {
             conn,
             pad_caps: None,
@@ -445,6 +519,7 @@ impl BaseSrcImpl for GpuShmSrc {
             dropped_seen: 0,
             received: 0,
             shift: None,
+            cuda,
         });
         Ok(())
     }

@@ -64,8 +64,15 @@ impl Releaser {
 /// Ownership of one slot: keeps the mapping alive and gives the slot back when dropped.
 pub struct SlotLease {
     entry: Entry,
-    _ring: Arc<ConsumerRing>,
+    ring: Arc<ConsumerRing>,
     releaser: Arc<Releaser>,
+}
+
+impl SlotLease {
+    /// The mapping the frame is in.
+    pub fn ring(&self) -> &Arc<ConsumerRing> {
+        &self.ring
+    }
 }
 
 impl Drop for SlotLease {
@@ -300,7 +307,7 @@ impl Connection {
         };
         let lease = SlotLease {
             entry: e,
-            _ring: ring.clone(),
+            ring: ring.clone(),
             releaser: self.releaser.clone(),
         };
         let (meta, ptr) = ring.read_frame(&e)?;

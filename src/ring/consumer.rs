@@ -16,6 +16,9 @@ use super::{shm, Error, Result};
 
 /// A ring mapped read-only.
 pub struct ConsumerRing {
+    /// Something that must live exactly as long as the mapping and go before it (a GPU
+    /// registration). Declared first: fields drop in order.
+    attachment: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     _map: Mmap,
     base: Base,
     geom: RingGeometry,
@@ -42,6 +45,7 @@ impl ConsumerRing {
             NonNull::new(map.as_ptr() as *mut u8).ok_or_else(|| Error::corrupt("null mapping"))?,
         );
         Self::validate(base, total_size, ring_gen, slot_count, slot_size).map(|geom| Self {
+            attachment: Default::default(),
             _map: map,
             base,
             geom,
@@ -132,6 +136,15 @@ impl ConsumerRing {
     }
     pub fn geometry(&self) -> RingGeometry {
         self.geom
+    }
+
+    /// Attaches `v` to the mapping's lifetime (first caller wins); see the field.
+    pub fn attach(&self, v: Box<dyn std::any::Any + Send + Sync>) -> bool {
+        self.attachment.set(v).is_ok()
+    }
+
+    pub fn attachment(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.attachment.get().map(|b| b.as_ref())
     }
 
     /// The whole mapping, for registering it with a GPU in one piece.

@@ -56,6 +56,9 @@ unsafe impl Sync for Base {}
 
 /// The producer's ring: one sealed memfd, mapped once, read-write.
 pub struct ProducerRing {
+    /// Something that must live exactly as long as the mapping and go before it (a GPU
+    /// registration). Declared first: fields drop in order.
+    attachment: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     fd: OwnedFd,
     _map: MmapMut,
     base: Base,
@@ -76,6 +79,7 @@ impl ProducerRing {
         let base =
             Base(NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
         let ring = Self {
+            attachment: Default::default(),
             fd,
             _map: map,
             base,
@@ -148,6 +152,15 @@ impl ProducerRing {
         }
         let slot = rel / self.geom.slot_size;
         (slot < self.geom.slot_count as u64).then_some(slot as u32)
+    }
+
+    /// Attaches `v` to the mapping's lifetime (first caller wins); see the field.
+    pub fn attach(&self, v: Box<dyn std::any::Any + Send + Sync>) -> bool {
+        self.attachment.set(v).is_ok()
+    }
+
+    pub fn attachment(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.attachment.get().map(|b| b.as_ref())
     }
 
     /// The whole mapping, for registering it with a GPU in one piece.

@@ -55,7 +55,8 @@ pub fn gst_launch(pipeline: &str) -> Command {
     // Locally the plugin sits beside the test binaries' deps/ folder; when packed for the GPU
     // machine it is on GST_PLUGIN_SYSTEM_PATH instead.
     assert!(
-        dir.join("libgstgpushm.so").exists() || std::env::var_os("GST_PLUGIN_SYSTEM_PATH").is_some(),
+        dir.join("libgstgpushm.so").exists()
+            || std::env::var_os("GST_PLUGIN_SYSTEM_PATH").is_some(),
         "{}/libgstgpushm.so is missing: run `cargo build` before `cargo test` (make test does)",
         dir.display()
     );
