@@ -7,7 +7,9 @@
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
 //! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
-//! --expect N (fail unless exactly N frames arrived), --print (one line per frame).
+//! --expect N (fail unless exactly N frames arrived), --print (one line per frame),
+//! --cudasum BACKEND (insert `cudasum backend=BACKEND` and check every sum it reports against
+//! a CPU computation over the same buffer; prints a CUDASTATS line).
 //! Exit code: 0 all good, 1 a check failed, 2 the pipeline failed.
 
 use gst::prelude::*;
@@ -20,6 +22,7 @@ struct Args {
     frames: Option<u64>,
     expect: Option<u64>,
     print: bool,
+    cudasum: Option<String>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -34,6 +37,7 @@ fn parse() -> Result<Args, String> {
             "--verify" => a.verify = true,
             "--lossless" => a.lossless = true,
             "--print" => a.print = true,
+            "--cudasum" => a.cudasum = Some(v()?),
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -74,8 +78,26 @@ fn main() {
         .max_buffers(2)
         .build();
     let pipeline = gst::Pipeline::new();
-    pipeline.add_many([&src, sink.upcast_ref()]).expect("add");
-    src.link(&sink).expect("link");
+    let cudasum = a.cudasum.as_ref().map(|b| {
+        gst::ElementFactory::make("cudasum")
+            .property_from_str("backend", b)
+            .build()
+            .expect("cudasum")
+    });
+    match &cudasum {
+        Some(c) => {
+            pipeline
+                .add_many([&src, c, sink.upcast_ref()])
+                .expect("add");
+            gst::Element::link_many([&src, c, sink.upcast_ref()]).expect("link");
+        }
+        None => {
+            pipeline.add_many([&src, sink.upcast_ref()]).expect("add");
+            src.link(&sink).expect("link");
+        }
+    }
+    let bus = pipeline.bus().expect("bus");
+    let mut sums = SumCheck::default();
     if pipeline.set_state(gst::State::Playing).is_err() {
         report_bus_error(&pipeline);
         std::process::exit(2);
@@ -149,9 +171,28 @@ fn main() {
                 pts.map_or(-1, |p| p.nseconds() as i64)
             );
         }
+        if cudasum.is_some() {
+            sums.check(&bus, caps, buffer, a.print);
+        }
         n_frames += 1;
     }
     let elapsed = t0.map_or(0, |t| now_ns() - t);
+    if let Some(c) = &cudasum {
+        let st = c.property::<gst::Structure>("stats");
+        let gbps = sums.gbps_p50();
+        println!(
+            "CUDASTATS device={} kernels={} zero_copy={} staged={} cpu={} host_registrations={} checked={} mismatches={} gbps_p50={:.1}",
+            st.get::<&str>("device").unwrap_or("none").replace(' ', "_"),
+            st.get::<&str>("kernels").unwrap_or("none"),
+            st.get::<u64>("frames-zero-copy").unwrap_or(0),
+            st.get::<u64>("frames-staged").unwrap_or(0),
+            st.get::<u64>("frames-cpu").unwrap_or(0),
+            st.get::<u64>("host-registrations").unwrap_or(0),
+            sums.checked,
+            sums.mismatches,
+            gbps,
+        );
+    }
     let bus_error = pipeline
         .bus()
         .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]));
@@ -180,9 +221,87 @@ fn main() {
         }
         std::process::exit(2);
     }
-    let failed =
-        n_frames == 0 || bad > 0 || pts_errors > 0 || a.expect.is_some_and(|e| e != n_frames);
+    let failed = n_frames == 0
+        || bad > 0
+        || pts_errors > 0
+        || a.expect.is_some_and(|e| e != n_frames)
+        || (cudasum.is_some() && (sums.mismatches > 0 || sums.checked != n_frames));
     std::process::exit(if failed { 1 } else { 0 });
+}
+
+/// Compares each `cudasum` message with a CPU computation over the same buffer.
+#[derive(Default)]
+struct SumCheck {
+    pending: std::collections::HashMap<u64, gst::Structure>,
+    checked: u64,
+    mismatches: u64,
+    gbps: Vec<f64>,
+}
+
+impl SumCheck {
+    fn check(&mut self, bus: &gst::Bus, caps: &gst::CapsRef, buffer: &gst::BufferRef, print: bool) {
+        use gstgpushm::sum_planes as sp;
+        // cudasum posts its message before it pushes the buffer, so it is on the bus by now.
+        // Messages of frames still queued in appsink wait here for their buffer.
+        while let Some(m) = bus.pop_filtered(&[gst::MessageType::Element]) {
+            if let Some(s) = m.structure().filter(|s| s.name() == "cudasum") {
+                self.pending
+                    .insert(s.get::<u64>("offset").unwrap_or(u64::MAX), s.to_owned());
+            }
+        }
+        let Some(s) = self.pending.remove(&buffer.offset()) else {
+            println!("CUDASUM n={} missing", buffer.offset());
+            self.mismatches += 1;
+            return;
+        };
+        let gpu: Vec<u64> = s
+            .get::<gst::Array>("plane-sums")
+            .map(|a| a.iter().filter_map(|v| v.get::<u64>().ok()).collect())
+            .unwrap_or_default();
+        let info = gst_video::VideoInfo::from_caps(caps).expect("video caps");
+        let map = buffer.map_readable().expect("map");
+        let layout = buffer
+            .meta::<gst_video::VideoMeta>()
+            .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
+        let planes = sp::planes(
+            &info,
+            layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
+            map.size(),
+        )
+        .expect("planes");
+        let cpu = sp::plane_totals(&sp::cpu_sums(&map, &planes));
+        let ok = gpu == cpu;
+        self.checked += 1;
+        if !ok {
+            self.mismatches += 1;
+        }
+        let ns = s.get::<u64>("kernel-time-ns").unwrap_or(0);
+        let bytes = s.get::<u64>("bytes").unwrap_or(0);
+        if ns > 0 {
+            self.gbps.push(bytes as f64 / ns as f64);
+        }
+        if print || !ok {
+            println!(
+                "CUDASUM n={} path={} plane_sums={} cpu={} match={ok} kernel_us={:.1}",
+                buffer.offset(),
+                s.get::<&str>("path").unwrap_or("?"),
+                gpu.iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                cpu.iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                ns as f64 / 1e3
+            );
+        }
+    }
+
+    fn gbps_p50(&mut self) -> f64 {
+        self.gbps.sort_by(|a, b| a.total_cmp(b));
+        self.gbps.get(self.gbps.len() / 2).copied().unwrap_or(0.0)
+    }
 }
 
 fn report_bus_error(pipeline: &gst::Pipeline) {

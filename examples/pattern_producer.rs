@@ -8,7 +8,9 @@
 //!
 //! Options: --socket PATH (required), --width 1920, --height 1080, --format NV12, --frames 300,
 //! --fps 30 (0 = as fast as the consumers take them), --copy (buffers from elsewhere, forcing
-//! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8.
+//! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8,
+//! --seed (every plane holds the bytes 1, 2, ..., 16, 1, 2, ... in raster order, as in the
+//! seed prototype: a 4x4 GRAY8 frame sums to 136).
 //! Prints `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
 
 use gst::prelude::*;
@@ -23,6 +25,7 @@ struct Args {
     copy: bool,
     wait: bool,
     slots: u32,
+    seed: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -36,6 +39,7 @@ fn parse() -> Result<Args, String> {
         copy: false,
         wait: false,
         slots: 8,
+        seed: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -50,6 +54,7 @@ fn parse() -> Result<Args, String> {
             "--slots" => a.slots = v()?.parse().map_err(|e| format!("--slots: {e}"))?,
             "--copy" => a.copy = true,
             "--wait" => a.wait = true,
+            "--seed" => a.seed = true,
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -121,7 +126,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
             b.set_offset(n);
             b.set_offset_end(n + 1);
             let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(b, &info)?;
-            gstgpushm::pattern::fill(&mut frame, n);
+            if a.seed {
+                fill_seed(&mut frame);
+            } else {
+                gstgpushm::pattern::fill(&mut frame, n);
+            }
         }
         if appsrc.push_buffer(buf).is_err() {
             break;
@@ -152,6 +161,27 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     pipeline.set_state(gst::State::Null)?;
     result
+}
+
+/// Bytes 1..=16, repeated, over the visible bytes of every plane.
+fn fill_seed(frame: &mut gst_video::VideoFrameRef<&mut gst::BufferRef>) {
+    use gst_video::prelude::*;
+    let info = frame.info().clone();
+    for p in 0..frame.n_planes() as usize {
+        let stride = frame.plane_stride()[p] as usize;
+        let rows = gstgpushm::pattern::plane_rows(&info, p);
+        let width = gstgpushm::pattern::plane_row_bytes(&info, p);
+        let Ok(data) = frame.plane_data_mut(p as u32) else {
+            continue;
+        };
+        let mut i = 0usize;
+        for r in 0..rows {
+            for b in &mut data[r * stride..r * stride + width] {
+                *b = (i % 16) as u8 + 1;
+                i += 1;
+            }
+        }
+    }
 }
 
 fn main() {

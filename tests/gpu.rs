@@ -1,0 +1,385 @@
+// SPDX-License-Identifier: MPL-2.0
+//! cudasum and the CUDA path. Tests marked "GPU" skip, saying why, when no CUDA driver is
+//! present; they run for real on the GPU machine (see README, "GPU"). The others check the
+//! CPU backend and the behaviour without a GPU, and run everywhere.
+
+mod common;
+use common::*;
+
+use gst::prelude::*;
+use gstgpushm::sum_planes as sp;
+use std::time::Duration;
+
+/// Ok on a machine with a CUDA GPU; otherwise prints why the test is skipped.
+fn gpu(test: &str) -> bool {
+    init();
+    match gstgpushm::cuda::driver() {
+        Ok(_) => true,
+        Err(e) => {
+            println!("skipping {test}: {e}");
+            false
+        }
+    }
+}
+
+/// Runs `launch` to EOS; returns every cudasum message and, if it has an `appsink name=out`
+/// (with an unbounded queue), the buffers it received with their caps.
+fn run(launch: &str) -> (Vec<(gst::Buffer, gst::Caps)>, Vec<gst::Structure>) {
+    init();
+    let p = gst::parse::launch(launch)
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    if let Some(out) = p.by_name("out") {
+        // Post EOS without waiting for us to pull: the buffers are pulled after EOS below.
+        out.set_property("wait-on-eos", false);
+    }
+    p.set_state(gst::State::Playing).unwrap();
+    let mut msgs = Vec::new();
+    for m in p
+        .bus()
+        .unwrap()
+        .iter_timed(gst::ClockTime::from_seconds(60))
+    {
+        match m.view() {
+            gst::MessageView::Error(e) => panic!("{launch}: {} {:?}", e.error(), e.debug()),
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Element(_) => {
+                if let Some(s) = m.structure().filter(|s| s.name() == "cudasum") {
+                    msgs.push(s.to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut bufs = Vec::new();
+    if let Some(sink) = p
+        .by_name("out")
+        .and_then(|e| e.downcast::<gst_app::AppSink>().ok())
+    {
+        while let Some(s) = sink.try_pull_sample(gst::ClockTime::ZERO) {
+            bufs.push((s.buffer_owned().unwrap(), s.caps().unwrap().to_owned()));
+        }
+    }
+    p.set_state(gst::State::Null).unwrap();
+    (bufs, msgs)
+}
+
+fn array(s: &gst::StructureRef, f: &str) -> Vec<u64> {
+    s.get::<gst::Array>(f)
+        .unwrap()
+        .iter()
+        .map(|v| v.get::<u64>().unwrap())
+        .collect()
+}
+
+/// Every message's plane sums equal a CPU computation over the buffer it describes.
+fn assert_sums_match(bufs: &[(gst::Buffer, gst::Caps)], msgs: &[gst::Structure], path: &str) {
+    assert_eq!(bufs.len(), msgs.len());
+    for ((b, caps), m) in bufs.iter().zip(msgs) {
+        let info = gst_video::VideoInfo::from_caps(caps).unwrap();
+        let map = b.map_readable().unwrap();
+        let layout = b
+            .meta::<gst_video::VideoMeta>()
+            .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
+        let planes = sp::planes(
+            &info,
+            layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
+            map.size(),
+        )
+        .unwrap();
+        let cpu = sp::cpu_sums(&map, &planes);
+        assert_eq!(
+            array(m, "plane-sums"),
+            sp::plane_totals(&cpu),
+            "{caps} frame {}",
+            b.offset()
+        );
+        assert_eq!(
+            array(m, "component-sums"),
+            sp::component_sums(&info, &cpu),
+            "{caps} frame {}",
+            b.offset()
+        );
+        assert_eq!(m.get::<&str>("path").unwrap(), path);
+    }
+}
+
+#[test]
+fn cpu_backend_sums_the_seed_frame_to_136() {
+    init();
+    let p = gst::parse::launch("appsrc name=in format=time ! cudasum backend=cpu ! fakesink")
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    let src = p
+        .by_name("in")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    src.set_caps(Some(
+        &"video/x-raw,format=GRAY8,width=4,height=4,framerate=1/1"
+            .parse::<gst::Caps>()
+            .unwrap(),
+    ));
+    p.set_state(gst::State::Playing).unwrap();
+    src.push_buffer(gst::Buffer::from_slice((1..=16u8).collect::<Vec<_>>()))
+        .unwrap();
+    src.end_of_stream().unwrap();
+    let bus = p.bus().unwrap();
+    let mut got = None;
+    for m in bus.iter_timed(gst::ClockTime::from_seconds(5)) {
+        match m.view() {
+            gst::MessageView::Element(_) => got = m.structure().map(|s| s.to_owned()),
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{}", e.error()),
+            _ => {}
+        }
+    }
+    p.set_state(gst::State::Null).unwrap();
+    let s = got.expect("a cudasum message");
+    assert_eq!(array(&s, "plane-sums"), vec![136]);
+    assert_eq!(array(&s, "component-sums"), vec![136]);
+    assert_eq!(s.get::<&str>("backend").unwrap(), "cpu");
+}
+
+#[test]
+fn cpu_backend_matches_the_reference_for_every_format() {
+    for format in [
+        "GRAY8", "NV12", "NV21", "I420", "YV12", "Y42B", "Y444", "RGBA", "BGRx", "xRGB", "RGB",
+        "BGR", "YUY2", "UYVY",
+    ] {
+        let (bufs, msgs) = run(&format!(
+            "videotestsrc num-buffers=3 pattern=snow ! video/x-raw,format={format},width=333,height=199 ! cudasum backend=cpu ! appsink name=out"
+        ));
+        assert_eq!(bufs.len(), 3, "{format}");
+        assert_sums_match(&bufs, &msgs, "cpu");
+    }
+}
+
+#[test]
+fn without_a_gpu_backend_cuda_is_a_clear_error_at_ready() {
+    init();
+    if let Ok(n) = gstgpushm::cuda::driver() {
+        println!("skipping: this machine has {n} GPU(s); the test is for machines without one");
+        return;
+    }
+    let e = gst::ElementFactory::make("cudasum")
+        .property_from_str("backend", "cuda")
+        .build()
+        .unwrap();
+    let bus = gst::Bus::new();
+    e.set_bus(Some(&bus));
+    assert!(e.set_state(gst::State::Ready).is_err());
+    let m = bus
+        .pop_filtered(&[gst::MessageType::Error])
+        .expect("an error message");
+    let gst::MessageView::Error(err) = m.view() else {
+        unreachable!()
+    };
+    let text = err.error().to_string();
+    assert!(
+        text.contains("backend=cuda cannot run") && text.contains("libcuda"),
+        "{text}"
+    );
+    e.set_state(gst::State::Null).unwrap();
+}
+
+#[test]
+fn without_a_gpu_backend_auto_warns_and_uses_the_cpu() {
+    init();
+    if let Ok(n) = gstgpushm::cuda::driver() {
+        println!("skipping: this machine has {n} GPU(s); the test is for machines without one");
+        return;
+    }
+    let p = gst::parse::launch("videotestsrc num-buffers=2 ! video/x-raw,format=NV12,width=64,height=48 ! cudasum ! fakesink")
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let bus = p.bus().unwrap();
+    let (mut warned, mut paths) = (false, Vec::new());
+    for m in bus.iter_timed(gst::ClockTime::from_seconds(5)) {
+        match m.view() {
+            gst::MessageView::Warning(w) => warned |= w.error().to_string().contains("on the CPU"),
+            gst::MessageView::Element(_) => {
+                paths.push(m.structure().unwrap().get::<String>("path").unwrap())
+            }
+            gst::MessageView::Eos(_) => break,
+            gst::MessageView::Error(e) => panic!("{}", e.error()),
+            _ => {}
+        }
+    }
+    p.set_state(gst::State::Null).unwrap();
+    assert!(warned, "a warning says the CPU is used");
+    assert_eq!(paths, vec!["cpu", "cpu"]);
+}
+
+// ---- GPU ----
+
+#[test]
+fn gpu_seed_frame_sums_to_136_across_processes() {
+    if !gpu("gpu_seed_frame_sums_to_136_across_processes") {
+        return;
+    }
+    let dir = tmpdir();
+    let sock = dir.path().join("seed.sock");
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--seed",
+        "--format",
+        "GRAY8",
+        "--width",
+        "4",
+        "--height",
+        "4",
+    ]);
+    p.args(["--frames", "5", "--fps", "0", "--wait"]);
+    let producer = Proc::spawn(p, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--lossless",
+        "--print",
+        "--cudasum",
+        "cuda",
+        "--expect",
+        "5",
+    ]);
+    let (cs, out) = Proc::spawn(c, "frame_checker").finish(Duration::from_secs(60));
+    let _ = producer.finish(Duration::from_secs(10));
+    assert!(cs.success(), "{}", out.join("\n"));
+    let sums: Vec<&String> = out.iter().filter(|l| l.starts_with("CUDASUM ")).collect();
+    assert_eq!(sums.len(), 5, "{}", out.join("\n"));
+    for l in sums {
+        assert!(
+            l.contains("path=zero-copy") && l.contains("plane_sums=136 cpu=136 match=true"),
+            "{l}"
+        );
+    }
+    println!(
+        "{}",
+        out.iter()
+            .filter(|l| l.starts_with("CUDA"))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn gpu_4k_nv12_300_frames_read_in_place_match_the_cpu() {
+    if !gpu("gpu_4k_nv12_300_frames_read_in_place_match_the_cpu") {
+        return;
+    }
+    let dir = tmpdir();
+    let sock = dir.path().join("4k.sock");
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--width",
+        "3840",
+        "--height",
+        "2160",
+        "--frames",
+        "300",
+    ]);
+    p.args(["--fps", "0", "--wait"]);
+    let producer = Proc::spawn(p, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--lossless",
+        "--verify",
+        "--cudasum",
+        "cuda",
+        "--expect",
+        "300",
+    ]);
+    let (cs, out) = Proc::spawn(c, "frame_checker").finish(Duration::from_secs(300));
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(
+        cs.success() && ps.success(),
+        "{}\n{}",
+        out.join("\n"),
+        pout.join("\n")
+    );
+    let st = fields(&out, "CUDASTATS ");
+    assert_eq!(num(&st, "checked"), 300.0);
+    assert_eq!(num(&st, "mismatches"), 0.0);
+    assert_eq!(num(&st, "zero_copy"), 300.0, "every frame read in place");
+    assert_eq!(num(&st, "staged"), 0.0);
+    assert_eq!(
+        num(&st, "host_registrations"),
+        1.0,
+        "one registration for the one ring, none per frame"
+    );
+    println!(
+        "{}",
+        out.iter()
+            .filter(|l| l.starts_with("CUDASTATS") || l.starts_with("SUMMARY"))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn gpu_system_memory_is_staged_and_matches_the_cpu() {
+    if !gpu("gpu_system_memory_is_staged_and_matches_the_cpu") {
+        return;
+    }
+    let before = gstgpushm::cuda::register::registrations();
+    for format in ["GRAY8", "NV12", "I420", "RGBA", "BGRx", "RGB", "YUY2"] {
+        let (bufs, msgs) = run(&format!(
+            "videotestsrc num-buffers=4 pattern=snow ! video/x-raw,format={format},width=333,height=199 ! cudasum backend=cuda ! appsink name=out"
+        ));
+        assert_eq!(bufs.len(), 4, "{format}");
+        assert_sums_match(&bufs, &msgs, "staged");
+    }
+    assert_eq!(
+        gstgpushm::cuda::register::registrations(),
+        before,
+        "staging registers nothing"
+    );
+}
+
+/// Upstream of gpushmsink, buffers come from the ring's pool with a GpuShmCudaMeta: cudasum
+/// reads them in place. The same deterministic frames summed on the CPU give the same sums.
+#[test]
+fn gpu_producer_pool_buffers_are_read_in_place() {
+    if !gpu("gpu_producer_pool_buffers_are_read_in_place") {
+        return;
+    }
+    let dir = tmpdir();
+    let frames =
+        "videotestsrc num-buffers=20 pattern=ball ! video/x-raw,format=NV12,width=1280,height=720";
+    let (_, gpu_msgs) = run(&format!(
+        "{frames} ! cudasum backend=cuda ! gpushmsink socket-path={}/pool.sock sync=false",
+        dir.path().display()
+    ));
+    let (_, cpu_msgs) = run(&format!("{frames} ! cudasum backend=cpu ! fakesink"));
+    assert_eq!(gpu_msgs.len(), 20);
+    assert_eq!(cpu_msgs.len(), 20);
+    for (g, c) in gpu_msgs.iter().zip(&cpu_msgs) {
+        assert_eq!(
+            g.get::<&str>("path").unwrap(),
+            "zero-copy",
+            "pool buffers carry the device pointer"
+        );
+        assert_eq!(
+            array(g, "plane-sums"),
+            array(c, "plane-sums"),
+            "frame {}",
+            g.get::<u64>("offset").unwrap()
+        );
+        assert_eq!(array(g, "component-sums"), array(c, "component-sums"));
+    }
+}
