@@ -98,16 +98,39 @@ fn main() {
     }
     let bus = pipeline.bus().expect("bus");
     let mut sums = SumCheck::default();
+    // Latency is taken where gpushmsrc hands the buffer downstream: the transport's share,
+    // without cudasum or the app.
+    let publish_caps = gst::Caps::new_empty_simple(gstgpushm::PUBLISH_TIMESTAMP_CAPS);
+    let lat = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let lat = lat.clone();
+        let publish_caps = publish_caps.clone();
+        src.static_pad("src").expect("src pad").add_probe(
+            gst::PadProbeType::BUFFER,
+            move |_, info| {
+                let arrival = now_ns();
+                if let Some(b) = info.buffer() {
+                    if let Some(m) = b
+                        .iter_meta::<gst::ReferenceTimestampMeta>()
+                        .find(|m| m.reference() == publish_caps.as_ref())
+                    {
+                        lat.lock()
+                            .unwrap()
+                            .push(arrival.saturating_sub(m.timestamp().nseconds()));
+                    }
+                }
+                gst::PadProbeReturn::Ok
+            },
+        );
+    }
     if pipeline.set_state(gst::State::Playing).is_err() {
         report_bus_error(&pipeline);
         std::process::exit(2);
     }
-    let publish_caps = gst::Caps::new_empty_simple(gstgpushm::PUBLISH_TIMESTAMP_CAPS);
     let (mut n_frames, mut bad, mut pts_errors) = (0u64, 0u64, 0u64);
     let mut first: Option<(u64, gst::ClockTime)> = None;
     let mut last_n = None;
     let mut gaps = 0u64;
-    let mut lat = Vec::new();
     let mut caps_seen = Vec::<String>::new();
     let mut t0 = None;
     while a.frames.is_none_or(|f| n_frames < f) {
@@ -123,12 +146,6 @@ fn main() {
         }
         let buffer = sample.buffer().expect("sample buffer");
         let n = buffer.offset();
-        if let Some(m) = buffer
-            .iter_meta::<gst::ReferenceTimestampMeta>()
-            .find(|m| m.reference() == publish_caps.as_ref())
-        {
-            lat.push(arrival.saturating_sub(m.timestamp().nseconds()));
-        }
         if last_n.is_some_and(|l: u64| n != l + 1) {
             gaps += 1;
         }
@@ -198,6 +215,7 @@ fn main() {
         .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]));
     let dropped = src.property::<u64>("frames-dropped");
     let _ = pipeline.set_state(gst::State::Null);
+    let mut lat = std::mem::take(&mut *lat.lock().unwrap());
     lat.sort_unstable();
     for c in &caps_seen {
         println!("CAPS {c}");
