@@ -156,8 +156,12 @@ impl GpuSummer {
         device.ctx.bind_to_thread()?;
         let stream = device.ctx.new_stream()?;
         let out = stream.alloc_zeros::<u64>(MAX_JOBS * 4)?;
-        let start = device.ctx.new_event(None)?;
-        let end = device.ctx.new_event(None)?;
+        let start = device
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = device
+            .ctx
+            .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))?;
         Ok(Self {
             device: device.clone(),
             kernels,
