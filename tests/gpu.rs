@@ -145,10 +145,8 @@ fn cpu_backend_sums_the_seed_frame_to_136() {
 
 #[test]
 fn cpu_backend_matches_the_reference_for_every_format() {
-    for format in [
-        "GRAY8", "NV12", "NV21", "I420", "YV12", "Y42B", "Y444", "RGBA", "BGRx", "xRGB", "RGB",
-        "BGR", "YUY2", "UYVY",
-    ] {
+    init();
+    for format in sp::FORMATS.iter().map(|f| f.to_str()) {
         let (bufs, msgs) = run(&format!(
             "videotestsrc num-buffers=3 pattern=snow ! video/x-raw,format={format},width=333,height=199 ! cudasum backend=cpu ! appsink name=out"
         ));
@@ -337,7 +335,7 @@ fn gpu_system_memory_is_staged_and_matches_the_cpu() {
         return;
     }
     let before = gstgpushm::cuda::register::registrations();
-    for format in ["GRAY8", "NV12", "I420", "RGBA", "BGRx", "RGB", "YUY2"] {
+    for format in sp::FORMATS.iter().map(|f| f.to_str()) {
         let (bufs, msgs) = run(&format!(
             "videotestsrc num-buffers=4 pattern=snow ! video/x-raw,format={format},width=333,height=199 ! cudasum backend=cuda ! appsink name=out"
         ));
