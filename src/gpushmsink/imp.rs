@@ -33,7 +33,7 @@ use gst_video::prelude::*;
 use once_cell::sync::Lazy;
 
 use super::pool::SlotPool;
-use super::server::{Event, Server};
+use super::server::{Event, Policy, Server};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::FrameMeta;
 
@@ -49,6 +49,8 @@ const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
 const DEFAULT_PERMS: u32 = 0o600;
 const DEFAULT_SLOTS: u32 = 8;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
+const DEFAULT_MAX_WAIT: u64 = 1_000_000_000;
+const DEFAULT_CLIENT_BUDGET: u32 = 0;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -57,6 +59,8 @@ struct Settings {
     perms: u32,
     slots: u32,
     cuda_device: i32,
+    max_wait: u64,
+    client_budget: u32,
 }
 
 impl Default for Settings {
@@ -67,6 +71,8 @@ impl Default for Settings {
             perms: DEFAULT_PERMS,
             slots: DEFAULT_SLOTS,
             cuda_device: DEFAULT_CUDA_DEVICE,
+            max_wait: DEFAULT_MAX_WAIT,
+            client_budget: DEFAULT_CLIENT_BUDGET,
         }
     }
 }
@@ -108,6 +114,18 @@ impl GpuShmSink {
         match &*self.state() {
             State::Started { server, .. } => Some(server.clone()),
             State::Stopped => None,
+        }
+    }
+
+    fn policy(&self) -> Policy {
+        let s = self.settings();
+        Policy {
+            budget: if s.client_budget == 0 {
+                (s.slots / 2).max(1)
+            } else {
+                s.client_budget.min(s.slots)
+            } as usize,
+            max_wait: std::time::Duration::from_nanos(s.max_wait),
         }
     }
 
@@ -341,6 +359,19 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_CUDA_DEVICE)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt64::builder("max-wait")
+                    .nick("Max wait")
+                    .blurb("How long a lossless consumer holding its whole slot budget may hold the producer up, per frame, in nanoseconds. Past it the frame skips that consumer (counted as dropped) and a warning is posted")
+                    .default_value(DEFAULT_MAX_WAIT)
+                    .mutable_playing()
+                    .build(),
+                glib::ParamSpecUInt::builder("client-budget")
+                    .nick("Client budget")
+                    .blurb("Frames one consumer may hold at once (0 = half the slots). A leaky consumer at its budget skips frames; a lossless one makes the producer wait (max-wait). Either way the other consumers keep slots to run on")
+                    .maximum(MAX_SLOTS)
+                    .default_value(DEFAULT_CLIENT_BUDGET)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecUInt::builder("num-clients")
                     .nick("Number of clients")
                     .blurb("Consumers connected now")
@@ -383,6 +414,8 @@ impl ObjectImpl for GpuShmSink {
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
+            "max-wait" => s.max_wait = value.get().expect("type checked"),
+            "client-budget" => s.client_budget = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -399,6 +432,8 @@ impl ObjectImpl for GpuShmSink {
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
+            "max-wait" => self.settings().max_wait.to_value(),
+            "client-budget" => self.settings().client_budget.to_value(),
             "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),
             "stats" => self.stats_structure().to_value(),
             _ => unimplemented!(),
@@ -457,6 +492,13 @@ impl BaseSinkImpl for GpuShmSink {
                     );
                     obj.emit_by_name::<()>("client-connected", &[&(id as i32)]);
                     obj.notify("num-clients");
+                }
+                Event::Lagging { id, waited } => {
+                    gst::element_warning!(
+                        obj,
+                        gst::ResourceError::Busy,
+                        ("Lossless client {} held its whole slot budget for {:?} (max-wait): frames skip it until it catches up", id, waited)
+                    );
                 }
                 Event::Disconnected { id, reason } => {
                     if id == 0 {
@@ -638,7 +680,8 @@ impl BaseSinkImpl for GpuShmSink {
                 meta.plane_stride[i] = info.stride()[i].max(0) as u32;
             }
         }
-        server.publish(gen, slot, meta).map_err(|e| {
+        let policy = self.policy();
+        let published = server.publish(gen, slot, meta, policy).map_err(|e| {
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Write,
@@ -646,6 +689,9 @@ impl BaseSinkImpl for GpuShmSink {
             );
             gst::FlowError::Error
         })?;
+        if !published {
+            return Err(gst::FlowError::Flushing);
+        }
         drop(frame);
         Ok(gst::FlowSuccess::Ok)
     }

@@ -27,8 +27,22 @@ pub const LEAKY_BACKLOG: usize = 2;
 /// A connection must complete its handshake within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How publish() treats clients that fall behind.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Frames one client may reference at once (delivered and not released).
+    pub budget: usize,
+    /// How long a lossless client at its budget may hold the producer up, per frame.
+    pub max_wait: Duration,
+}
+
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// A lossless client was at its budget for max-wait: the frame was skipped for it.
+    Lagging {
+        id: u32,
+        waited: Duration,
+    },
     Connected {
         id: u32,
         pid: i32,
@@ -78,6 +92,16 @@ struct Client {
     release: EventFd,
     lossless: bool,
     sent: u64,
+    /// Frames not delivered because the client held its whole budget.
+    skipped: u64,
+    lagging: bool,
+}
+
+impl Client {
+    /// Frames this client references: handed over and not yet released.
+    fn refs(&self) -> usize {
+        self.ch.pending_len() + self.ch.held_len()
+    }
 }
 
 /// A connection that has not said Hello yet.
@@ -107,6 +131,8 @@ pub struct Server {
     inner: Mutex<Inner>,
     /// Signalled when a client connects, or on unlock/shutdown (wait-for-connection).
     changed: Condvar,
+    /// Signalled when slots come back (releases, disconnects) or on unlock/shutdown.
+    released: Condvar,
     wake: EventFd,
     listener: UnixListener,
     path: PathBuf,
@@ -202,6 +228,7 @@ impl Server {
                 events: Vec::new(),
             }),
             changed: Condvar::new(),
+            released: Condvar::new(),
             wake: shm::new_eventfd()?,
             listener,
             path: path.to_owned(),
@@ -229,6 +256,7 @@ impl Server {
         lock(&self.inner).shutdown = true;
         shm::notify(&self.wake);
         self.changed.notify_all();
+        self.released.notify_all();
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
@@ -252,6 +280,7 @@ impl Server {
     pub fn set_unlocked(&self, unlocked: bool) {
         lock(&self.inner).unlocked = unlocked;
         self.changed.notify_all();
+        self.released.notify_all();
     }
 
     pub fn num_clients(&self) -> usize {
@@ -268,7 +297,7 @@ impl Server {
                 pid: c.pid,
                 lossless: c.lossless,
                 sent: c.sent,
-                dropped: c.ch.dropped(),
+                dropped: c.ch.dropped() + c.skipped,
                 held: c.ch.held_len() + c.ch.pending_len(),
             })
             .collect();
@@ -407,8 +436,52 @@ impl Server {
     }
 
     /// Publishes the frame in `slot` of ring `ring_gen` to every client.
-    pub fn publish(&self, ring_gen: u32, slot: u32, mut meta: FrameMeta) -> Result<()> {
+    /// Publishes the frame in `slot` of ring `ring_gen` to every client, following `policy`:
+    /// a lossless client at its slot budget is waited for (up to `policy.max_wait`, then this
+    /// frame skips it); a leaky one loses its oldest untaken frames, or this frame.
+    /// Returns false if unlocked while waiting.
+    pub fn publish(
+        &self,
+        ring_gen: u32,
+        slot: u32,
+        mut meta: FrameMeta,
+        policy: Policy,
+    ) -> Result<bool> {
         let mut guard = lock(&self.inner);
+        // Back-pressure from lossless clients, bounded by max-wait.
+        let deadline = Instant::now() + policy.max_wait;
+        let mut late: Vec<u32> = Vec::new();
+        loop {
+            let inner = &mut *guard;
+            if inner.unlocked || inner.shutdown {
+                return Ok(false);
+            }
+            let mut full = Vec::new();
+            let mut failed = Vec::new();
+            for c in inner.clients.iter_mut().filter(|c| c.lossless) {
+                match c.ch.sync_taken() {
+                    Ok(()) if c.refs() >= policy.budget => full.push(c.id),
+                    Ok(()) => {}
+                    Err(e) => failed.push((c.id, e.to_string())),
+                }
+            }
+            for (id, why) in failed {
+                self.drop_client(inner, id, why);
+            }
+            if full.is_empty() {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                late = full;
+                break;
+            }
+            guard = self
+                .released
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
         let inner = &mut *guard;
         let ri = inner
             .rings
@@ -434,9 +507,23 @@ impl Server {
         let mut failed = Vec::new();
         let mut released = Vec::new();
         for c in inner.clients.iter_mut() {
-            let r = (|| -> Result<()> {
+            let r = (|| -> Result<bool> {
+                if late.contains(&c.id) {
+                    if !c.lagging {
+                        c.lagging = true;
+                        inner.events.push(Event::Lagging {
+                            id: c.id,
+                            waited: policy.max_wait,
+                        });
+                    }
+                    return Ok(false);
+                }
                 if !c.lossless {
-                    while c.ch.pending_len() >= LEAKY_BACKLOG {
+                    // Keep a short backlog and stay within the budget: drop the oldest frames
+                    // the client has not taken yet.
+                    while c.ch.pending_len() > 0
+                        && (c.ch.pending_len() >= LEAKY_BACKLOG || c.refs() >= policy.budget)
+                    {
                         match c.ch.revoke_oldest()? {
                             Some(old) => {
                                 released.push(old);
@@ -445,14 +532,24 @@ impl Server {
                             None => break,
                         }
                     }
+                    if c.refs() >= policy.budget {
+                        // It holds its whole budget: this frame skips it.
+                        return Ok(false);
+                    }
                 }
-                c.ch.deliver(entry)
+                c.ch.deliver(entry)?;
+                Ok(true)
             })();
             match r {
-                Ok(()) => {
+                Ok(true) => {
                     c.sent += 1;
+                    c.lagging = false;
                     inner.rings[ri].slots[slot as usize].client_refs += 1;
                     shm::notify(&c.ready);
+                }
+                Ok(false) => {
+                    c.skipped += 1;
+                    inner.stats.frames_dropped += 1;
                 }
                 Err(e) => failed.push((c.id, e.to_string())),
             }
@@ -469,7 +566,7 @@ impl Server {
         drop(guard);
         self.give_back(back);
         self.emit(events);
-        Ok(())
+        Ok(true)
     }
 
     /// The pool got `buffer` back. Returns it if no client holds its slot, otherwise parks it
@@ -672,6 +769,8 @@ impl Server {
         let events = std::mem::take(&mut inner.events);
         drop(inner);
         self.give_back(back);
+        // A publish() waiting for a lossless client re-checks after releases and disconnects.
+        self.released.notify_all();
         self.emit(events);
         true
     }
@@ -746,6 +845,8 @@ impl Server {
                 release,
                 lossless: flags & FLAG_LOSSLESS != 0,
                 sent: 0,
+                skipped: 0,
+                lagging: false,
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {
