@@ -9,7 +9,9 @@
 //! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
 //! --expect N (fail unless exactly N frames arrived), --print (one line per frame),
 //! --cudasum BACKEND (insert `cudasum backend=BACKEND` and check every sum it reports against
-//! a CPU computation over the same buffer; prints a CUDASTATS line).
+//! a CPU computation over the same buffer; prints a CUDASTATS line), --no-reconnect (error out
+//! when the producer goes away instead of waiting for a new one). Warnings are printed as they
+//! happen, as `WARNING t=<CLOCK_MONOTONIC ns> <text>`.
 //! Exit code: 0 all good, 1 a check failed, 2 the pipeline failed.
 
 use gst::prelude::*;
@@ -23,6 +25,7 @@ struct Args {
     expect: Option<u64>,
     print: bool,
     cudasum: Option<String>,
+    no_reconnect: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -37,6 +40,7 @@ fn parse() -> Result<Args, String> {
             "--verify" => a.verify = true,
             "--lossless" => a.lossless = true,
             "--print" => a.print = true,
+            "--no-reconnect" => a.no_reconnect = true,
             "--cudasum" => a.cudasum = Some(v()?),
             _ => return Err(format!("unknown option {k}")),
         }
@@ -71,6 +75,7 @@ fn main() {
     let src = gst::ElementFactory::make("gpushmsrc")
         .property("socket-path", &a.socket)
         .property("lossless", a.lossless)
+        .property("reconnect", !a.no_reconnect)
         .build()
         .expect("gpushmsrc");
     let sink = gst_app::AppSink::builder()
@@ -97,6 +102,12 @@ fn main() {
         }
     }
     let bus = pipeline.bus().expect("bus");
+    bus.set_sync_handler(|_, m| {
+        if let gst::MessageView::Warning(w) = m.view() {
+            println!("WARNING t={} {}", now_ns(), w.error());
+        }
+        gst::BusSyncReply::Pass
+    });
     let mut sums = SumCheck::default();
     // Latency is taken where gpushmsrc hands the buffer downstream: the transport's share,
     // without cudasum or the app.

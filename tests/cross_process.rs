@@ -134,7 +134,12 @@ fn live_producer(sock: &std::path::Path) -> Proc {
 
 fn printing_consumer(sock: &std::path::Path) -> Proc {
     let mut c = example("frame_checker");
-    c.args(["--socket", sock.to_str().unwrap(), "--print"]);
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--print",
+        "--no-reconnect",
+    ]);
     Proc::spawn(c, "frame_checker")
 }
 

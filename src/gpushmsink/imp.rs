@@ -493,6 +493,7 @@ impl BaseSinkImpl for GpuShmSink {
                     obj.emit_by_name::<()>("client-connected", &[&(id as i32)]);
                     obj.notify("num-clients");
                 }
+                Event::Info(m) => gst::info!(CAT, obj = obj, "{m}"),
                 Event::Lagging { id, waited } => {
                     gst::element_warning!(
                         obj,

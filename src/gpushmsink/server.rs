@@ -18,7 +18,7 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use super::pool::SlotPool;
 use crate::ring::layout::CLIENT_QUEUE_CAPACITY;
 use crate::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS};
+use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING};
 use crate::ring::{shm, Error, Result};
 
 /// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
@@ -38,6 +38,8 @@ pub struct Policy {
 
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// Something to log.
+    Info(String),
     /// A lossless client was at its budget for max-wait: the frame was skipped for it.
     Lagging {
         id: u32,
@@ -95,6 +97,8 @@ struct Client {
     /// Frames not delivered because the client held its whole budget.
     skipped: u64,
     lagging: bool,
+    /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
+    writable: bool,
 }
 
 impl Client {
@@ -385,7 +389,11 @@ impl Server {
     fn send_ring_and_caps(inner: &Inner, c: &Client) -> Result<()> {
         if let Some(r) = inner.rings.last() {
             let g = r.ring.geometry();
-            let ro = r.ring.read_only_fd()?;
+            let ro = if c.writable {
+                r.ring.read_write_fd()?
+            } else {
+                r.ring.read_only_fd()?
+            };
             c.conn.send(
                 &Message::Ring {
                     ring_gen: r.ring.ring_gen(),
@@ -803,7 +811,10 @@ impl Server {
                     name,
                 },
                 _,
-            ))) => Ok((flags, name)),
+            ))) if inner.pending[i].conn.stray_fds() == 0 => Ok((flags, name)),
+            Ok(Some((Message::Hello { .. }, _))) => {
+                Err("the client sent file descriptors; clients never send any".to_string())
+            }
             Ok(Some((m, _))) => Err(format!("expected Hello, got {m:?}")),
             Err(e) => Err(e.to_string()),
         };
@@ -825,6 +836,12 @@ impl Server {
             }
         };
         let id = inner.next_client_id;
+        if flags & FLAG_WRITABLE_RING != 0 {
+            inner.events.push(Event::Info(format!(
+                "client {id} (pid {}) gets a writable ring mapping: its GPU cannot register read-only memory",
+                p.pid
+            )));
+        }
         let client = (|| -> Result<Client> {
             let ch = ClientChannel::create(CLIENT_QUEUE_CAPACITY)?;
             let ready = shm::new_eventfd()?;
@@ -847,6 +864,7 @@ impl Server {
                 sent: 0,
                 skipped: 0,
                 lagging: false,
+                writable: flags & FLAG_WRITABLE_RING != 0,
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {

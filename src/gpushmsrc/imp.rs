@@ -33,7 +33,7 @@ use nix::sys::eventfd::EventFd;
 use once_cell::sync::Lazy;
 
 use crate::memory::wrap_slot_memory;
-use crate::ring::client::{Connection, Frame, Wait};
+use crate::ring::client::{ConnectOptions, Connection, Frame, Wait};
 use crate::ring::layout::NONE_U64;
 use crate::ring::{shm, Error};
 
@@ -51,6 +51,8 @@ pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
 const DEFAULT_TIMEOUT: u64 = 5_000_000_000;
 const DEFAULT_LOSSLESS: bool = false;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
+const DEFAULT_RECONNECT: bool = true;
+const DEFAULT_RECONNECT_INTERVAL: u64 = 100_000_000;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -58,6 +60,8 @@ struct Settings {
     timeout: u64,
     lossless: bool,
     cuda_device: i32,
+    reconnect: bool,
+    reconnect_interval: u64,
 }
 
 impl Default for Settings {
@@ -67,6 +71,8 @@ impl Default for Settings {
             timeout: DEFAULT_TIMEOUT,
             lossless: DEFAULT_LOSSLESS,
             cuda_device: DEFAULT_CUDA_DEVICE,
+            reconnect: DEFAULT_RECONNECT,
+            reconnect_interval: DEFAULT_RECONNECT_INTERVAL,
         }
     }
 }
@@ -83,6 +89,11 @@ struct Started {
     shift: Option<u64>,
     /// The GPU rings are registered with, if any.
     cuda: Option<std::sync::Arc<crate::cuda::Device>>,
+    /// For reconnecting.
+    path: PathBuf,
+    /// Frames dropped on earlier connections.
+    dropped_base: u64,
+    opts: ConnectOptions,
 }
 
 pub struct GpuShmSrc {
@@ -156,6 +167,50 @@ impl GpuShmSrc {
             }
         }
         Ok(())
+    }
+
+    /// Waits for a producer on the same path and switches to it (reconnect=true). Buffers of
+    /// the old producer stay valid downstream: they keep their mapping alive.
+    fn reconnect(&self, st: &mut Started, why: &str) -> Result<(), gst::FlowError> {
+        gst::element_imp_warning!(
+            self,
+            gst::ResourceError::Read,
+            (
+                "{}; waiting for a producer on {} (reconnect=true)",
+                why,
+                st.path.display()
+            )
+        );
+        let opts = ConnectOptions {
+            timeout: Duration::MAX,
+            ..st.opts.clone()
+        };
+        match Connection::connect(&st.path, &opts, Some(std::os::fd::AsFd::as_fd(&self.wake))) {
+            Ok(conn) => {
+                gst::info!(
+                    CAT,
+                    imp = self,
+                    "reconnected to {} as client {}",
+                    st.path.display(),
+                    conn.client_id()
+                );
+                st.dropped_base += st.conn.dropped();
+                st.conn = conn;
+                st.shift = None;
+                st.discont = true;
+                st.dropped_seen = 0;
+                Ok(())
+            }
+            Err(Error::Interrupted) => Err(gst::FlowError::Flushing),
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::OpenRead,
+                    ("Reconnecting failed: {}", e)
+                );
+                Err(gst::FlowError::Error)
+            }
+        }
     }
 
     /// The device address of a frame, registering its ring with CUDA the first time one of its
@@ -375,6 +430,19 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_CUDA_DEVICE)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecBoolean::builder("reconnect")
+                    .nick("Reconnect")
+                    .blurb("When the producer goes away, stay PLAYING and wait for a new producer on socket-path, then remap its ring, renegotiate caps and go on (a warning is posted). When false, that is an error")
+                    .default_value(DEFAULT_RECONNECT)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("reconnect-interval")
+                    .nick("Reconnect interval")
+                    .blurb("How often to try connecting while waiting for a producer (at start and after it went away), in nanoseconds")
+                    .minimum(1_000_000)
+                    .default_value(DEFAULT_RECONNECT_INTERVAL)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
                     .blurb("Frames the producer skipped for this consumer because it fell behind (leaky mode)")
@@ -397,6 +465,8 @@ impl ObjectImpl for GpuShmSrc {
             "timeout" => s.timeout = value.get().expect("type checked"),
             "lossless" => s.lossless = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
+            "reconnect" => s.reconnect = value.get().expect("type checked"),
+            "reconnect-interval" => s.reconnect_interval = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -412,10 +482,12 @@ impl ObjectImpl for GpuShmSrc {
             "timeout" => self.settings().timeout.to_value(),
             "lossless" => self.settings().lossless.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
+            "reconnect" => self.settings().reconnect.to_value(),
+            "reconnect-interval" => self.settings().reconnect_interval.to_value(),
             "frames-dropped" => self
                 .state()
                 .as_ref()
-                .map_or(0u64, |s| s.conn.dropped())
+                .map_or(0u64, |s| s.dropped_base + s.conn.dropped())
                 .to_value(),
             _ => unimplemented!(),
         }
@@ -469,32 +541,6 @@ impl BaseSrcImpl for GpuShmSrc {
             ));
         };
         shm::drain(&self.wake);
-        let timeout = Duration::from_nanos(s.timeout);
-        let name = self.obj().name().to_string();
-        let conn = Connection::connect(
-            &path,
-            s.lossless,
-            &name,
-            timeout,
-            Some(std::os::fd::AsFd::as_fd(&self.wake)),
-        )
-        .map_err(|e| {
-            gst::error_msg!(
-                gst::ResourceError::OpenRead,
-                (
-                    "Could not connect to a gpushmsink at {}: {}",
-                    path.display(),
-                    e
-                )
-            )
-        })?;
-        gst::info!(
-            CAT,
-            imp = self,
-            "connected to {} as client {}",
-            path.display(),
-            conn.client_id()
-        );
         let cuda = match crate::cuda::device(s.cuda_device) {
             Ok(d) => {
                 gst::info!(CAT, imp = self, "{d:?}");
@@ -511,6 +557,44 @@ impl BaseSrcImpl for GpuShmSrc {
                 ));
             }
         };
+        // A GPU that cannot register read-only memory needs a writable mapping to read frames
+        // in place: zero-copy GPU access beats the protection there.
+        let writable_ring = cuda
+            .as_ref()
+            .is_some_and(|d| d.host_register && !d.host_register_read_only);
+        if writable_ring {
+            gst::warning!(
+                CAT,
+                imp = self,
+                "{} cannot register read-only host memory: asking the producer for a writable mapping",
+                cuda.as_ref().map_or("the GPU", |d| d.name.as_str())
+            );
+        }
+        let opts = ConnectOptions {
+            lossless: s.lossless,
+            writable_ring,
+            name: self.obj().name().to_string(),
+            timeout: Duration::from_nanos(s.timeout),
+            retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
+        };
+        let conn = Connection::connect(&path, &opts, Some(std::os::fd::AsFd::as_fd(&self.wake)))
+            .map_err(|e| {
+                gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    (
+                        "Could not connect to a gpushmsink at {}: {}",
+                        path.display(),
+                        e
+                    )
+                )
+            })?;
+        gst::info!(
+            CAT,
+            imp = self,
+            "connected to {} as client {}",
+            path.display(),
+            conn.client_id()
+        );
         *self.state() = Some(Started {
             conn,
             pad_caps: None,
@@ -520,6 +604,9 @@ impl BaseSrcImpl for GpuShmSrc {
             received: 0,
             shift: None,
             cuda,
+            path,
+            opts,
+            dropped_base: 0,
         });
         Ok(())
     }
@@ -609,21 +696,20 @@ impl PushSrcImpl for GpuShmSrc {
                     return Err(gst::FlowError::Eos);
                 }
                 Ok(None) => {}
-                Err(Error::Disconnected) => {
-                    gst::element_imp_error!(
-                        self,
-                        gst::ResourceError::Read,
-                        ("The producer went away (gpushmsink stopped or crashed) after {} frames", st.received)
-                    );
-                    return Err(gst::FlowError::Error);
-                }
                 Err(e) => {
-                    gst::element_imp_error!(
-                        self,
-                        gst::ResourceError::Read,
-                        ("Receiving from the producer failed: {}", e)
-                    );
-                    return Err(gst::FlowError::Error);
+                    let why = match e {
+                        Error::Disconnected => format!(
+                            "The producer went away (gpushmsink stopped or crashed) after {} frames",
+                            st.received
+                        ),
+                        e => format!("Receiving from the producer failed: {e}"),
+                    };
+                    if !self.settings().reconnect {
+                        gst::element_imp_error!(self, gst::ResourceError::Read, ("{}", why));
+                        return Err(gst::FlowError::Error);
+                    }
+                    self.reconnect(st, &why)?;
+                    continue;
                 }
             }
             match st.conn.wait(std::os::fd::AsFd::as_fd(&self.wake), None) {

@@ -15,7 +15,7 @@ use nix::sys::eventfd::EventFd;
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::producer::{Entry, FrameMeta};
-use super::wire::{Conn, Message, FLAG_LOSSLESS};
+use super::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING};
 use super::{shm, Error, Result};
 
 /// Caps generations remembered for frames still queued from before a caps change.
@@ -94,6 +94,21 @@ pub struct Frame {
 // SAFETY: `ptr` points into a read-only mapping kept alive by `lease`.
 unsafe impl Send for Frame {}
 
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// Ask the producer to wait for us (back-pressure) instead of skipping frames.
+    pub lossless: bool,
+    /// Ask for a writable ring descriptor (for GPUs that cannot register read-only memory).
+    pub writable_ring: bool,
+    /// Shown in the producer's logs.
+    pub name: String,
+    /// How long to wait for a producer to appear.
+    pub timeout: Duration,
+    /// How often to try while waiting.
+    pub retry: Duration,
+}
+
 pub enum Wait {
     /// Something may be ready: call `try_next` again.
     Ready,
@@ -111,6 +126,7 @@ pub struct Connection {
     caps: VecDeque<(u32, Arc<str>)>,
     eos: bool,
     gone: Option<Error>,
+    writable: bool,
 }
 
 impl Connection {
@@ -118,12 +134,12 @@ impl Connection {
     /// aborts the wait.
     pub fn connect(
         path: &Path,
-        lossless: bool,
-        name: &str,
-        timeout: Duration,
+        opts: &ConnectOptions,
         wake: Option<BorrowedFd<'_>>,
     ) -> Result<Self> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now()
+            .checked_add(opts.timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
@@ -136,13 +152,11 @@ impl Connection {
                         )));
                     }
                     // A producer may appear any moment: retry shortly, unless woken.
-                    let ms = left.as_millis().min(20) as u16;
+                    let ms = left.min(opts.retry).as_millis().clamp(1, u16::MAX as u128) as u16;
                     if let Some(w) = wake {
                         let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
                         if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
-                            return Err(Error::Timeout(
-                                "interrupted while waiting for a producer".into(),
-                            ));
+                            return Err(Error::Interrupted);
                         }
                     } else {
                         std::thread::sleep(Duration::from_millis(ms as u64));
@@ -159,18 +173,21 @@ impl Connection {
         let mut conn = Conn::new(stream);
         conn.send(
             &Message::Hello {
-                flags: if lossless { FLAG_LOSSLESS } else { 0 },
+                flags: if opts.lossless { FLAG_LOSSLESS } else { 0 }
+                    | if opts.writable_ring {
+                        FLAG_WRITABLE_RING
+                    } else {
+                        0
+                    },
                 pid: std::process::id(),
-                name: name.into(),
+                name: opts.name.clone(),
             },
             &[],
         )?;
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_secs(1));
-        let (msg, mut fds) = conn
-            .recv_timeout(left, wake)?
-            .ok_or_else(|| Error::Timeout("interrupted during the handshake".into()))?;
+        let (msg, mut fds) = conn.recv_timeout(left, wake)?.ok_or(Error::Interrupted)?;
         let (client_id, capacity) = match msg {
             Message::Welcome {
                 client_id,
@@ -202,6 +219,7 @@ impl Connection {
             caps: VecDeque::new(),
             eos: false,
             gone: None,
+            writable: opts.writable_ring,
         };
         c.pump()?;
         Ok(c)
@@ -256,7 +274,14 @@ impl Connection {
                     total_size,
                 } => {
                     let fd = fds.pop().expect("1 fd checked by the decoder");
-                    let ring = ConsumerRing::open(fd, ring_gen, slot_count, slot_size, total_size)?;
+                    let ring = ConsumerRing::open(
+                        fd,
+                        self.writable,
+                        ring_gen,
+                        slot_count,
+                        slot_size,
+                        total_size,
+                    )?;
                     self.rings.push_back(Arc::new(ring));
                     // Keep the previous ring: frames queued before the switch still use it.
                     while self.rings.len() > 2 {

@@ -14,12 +14,31 @@ use super::layout::*;
 use super::producer::{Base, Entry, FrameMeta};
 use super::{shm, Error, Result};
 
-/// A ring mapped read-only.
+/// The mapping, kept alive; `ptr` is its first byte.
+enum Mapping {
+    Ro { ptr: *mut u8, _map: Mmap },
+    Rw { ptr: *mut u8, _map: MmapMut },
+}
+
+impl Mapping {
+    fn ptr(&self) -> *mut u8 {
+        match self {
+            Mapping::Ro { ptr, .. } | Mapping::Rw { ptr, .. } => *ptr,
+        }
+    }
+}
+
+// SAFETY: the pointers are the mappings' own, which live as long as the enum.
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+/// A ring mapped read-only (or, on request, read-write for GPU registration).
 pub struct ConsumerRing {
     /// Something that must live exactly as long as the mapping and go before it (a GPU
     /// registration). Declared first: fields drop in order.
     attachment: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
-    _map: Mmap,
+    _map: Mapping,
+    writable: bool,
     base: Base,
     geom: RingGeometry,
     ring_gen: u32,
@@ -27,8 +46,11 @@ pub struct ConsumerRing {
 
 impl ConsumerRing {
     /// Maps and validates a ring announced by a `Ring` message.
+    /// Maps and validates a ring announced by a `Ring` message: read-only, unless `writable`
+    /// is asked for and the descriptor allows it.
     pub fn open(
         fd: OwnedFd,
+        writable: bool,
         ring_gen: u32,
         slot_count: u32,
         slot_size: u64,
@@ -40,13 +62,26 @@ impl ConsumerRing {
             )));
         }
         shm::check_sealed_memfd(fd.as_fd(), total_size, "ring")?;
-        let map = shm::map_ro(&fd, total_size)?;
-        let base = Base(
-            NonNull::new(map.as_ptr() as *mut u8).ok_or_else(|| Error::corrupt("null mapping"))?,
-        );
+        let map = match writable.then(|| shm::map_rw(&fd, total_size)) {
+            Some(Ok(mut m)) => Mapping::Rw {
+                ptr: m.as_mut_ptr(),
+                _map: m,
+            },
+            // A read-only descriptor: map it read-only.
+            _ => {
+                let m = shm::map_ro(&fd, total_size)?;
+                Mapping::Ro {
+                    ptr: m.as_ptr() as *mut u8,
+                    _map: m,
+                }
+            }
+        };
+        let writable = matches!(map, Mapping::Rw { .. });
+        let base = Base(NonNull::new(map.ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
         Self::validate(base, total_size, ring_gen, slot_count, slot_size).map(|geom| Self {
             attachment: Default::default(),
             _map: map,
+            writable,
             base,
             geom,
             ring_gen,
@@ -145,6 +180,11 @@ impl ConsumerRing {
 
     pub fn attachment(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
         self.attachment.get().map(|b| b.as_ref())
+    }
+
+    /// Whether the mapping is writable (asked for by GPUs that cannot register read-only).
+    pub fn is_writable(&self) -> bool {
+        self.writable
     }
 
     /// The whole mapping, for registering it with a GPU in one piece.
@@ -374,6 +414,7 @@ mod tests {
         let g = p.geometry();
         let c = ConsumerRing::open(
             p.read_only_fd().unwrap(),
+            false,
             1,
             slots,
             g.slot_size,
@@ -530,8 +571,16 @@ mod tests {
     fn corrupted_header_is_rejected() {
         let p = ProducerRing::create(1, 4, 4096).unwrap();
         let g = p.geometry();
-        let open =
-            || ConsumerRing::open(p.read_only_fd().unwrap(), 1, 4, g.slot_size, g.total_size);
+        let open = || {
+            ConsumerRing::open(
+                p.read_only_fd().unwrap(),
+                false,
+                1,
+                4,
+                g.slot_size,
+                g.total_size,
+            )
+        };
         assert!(open().is_ok());
         let h = p.header();
         type Case<'a> = (&'a str, Box<dyn Fn() + 'a>, Box<dyn Fn() + 'a>);
@@ -577,14 +626,27 @@ mod tests {
             assert!(open().is_ok(), "{name} restored");
         }
         // A message that disagrees with the header, and an absurd size.
-        assert!(
-            ConsumerRing::open(p.read_only_fd().unwrap(), 2, 4, g.slot_size, g.total_size).is_err()
-        );
-        assert!(
-            ConsumerRing::open(p.read_only_fd().unwrap(), 1, 4, g.slot_size, u64::MAX).is_err()
-        );
         assert!(ConsumerRing::open(
             p.read_only_fd().unwrap(),
+            false,
+            2,
+            4,
+            g.slot_size,
+            g.total_size
+        )
+        .is_err());
+        assert!(ConsumerRing::open(
+            p.read_only_fd().unwrap(),
+            false,
+            1,
+            4,
+            g.slot_size,
+            u64::MAX
+        )
+        .is_err());
+        assert!(ConsumerRing::open(
+            p.read_only_fd().unwrap(),
+            false,
             1,
             4,
             g.slot_size,

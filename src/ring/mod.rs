@@ -32,6 +32,8 @@ pub enum Error {
     Disconnected,
     /// No answer within the allowed time.
     Timeout(String),
+    /// The wait was interrupted on purpose (unlock, shutdown).
+    Interrupted,
 }
 
 impl Error {
@@ -57,6 +59,7 @@ impl fmt::Display for Error {
             Error::Corrupt(m) => write!(f, "invalid shared memory: {m}"),
             Error::Disconnected => write!(f, "the peer closed the connection"),
             Error::Timeout(m) => write!(f, "timed out: {m}"),
+            Error::Interrupted => write!(f, "interrupted"),
         }
     }
 }

@@ -173,6 +173,17 @@ impl ProducerRing {
         shm::reopen_read_only(self.fd.as_fd())
     }
 
+    /// A writable descriptor of the ring, for a client whose GPU cannot register read-only
+    /// memory.
+    pub fn read_write_fd(&self) -> Result<OwnedFd> {
+        self.fd.try_clone().map_err(|e| {
+            Error::os(
+                "dup",
+                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+            )
+        })
+    }
+
     /// Writes the descriptor of `slot`, then makes it visible as frame `seq`.
     pub fn publish(&self, slot: u32, seq: u64, m: &FrameMeta) {
         let d = self.desc(slot);

@@ -16,9 +16,9 @@
 //!
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
-//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless), pid u32, name str | – |
+//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring), pid u32, name str | – |
 //! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready eventfd, release eventfd |
-//! | 3 Ring    | sink → src | ring_gen u32, slot_count u32, slot_size u64, total_size u64 | ring memfd, read-only |
+//! | 3 Ring    | sink → src | ring_gen u32, slot_count u32, slot_size u64, total_size u64 | ring memfd, read-only unless the client asked for writable |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
 //! | 6 Error   | either     | message str | – |
@@ -44,6 +44,8 @@ pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
 pub const FLAG_LOSSLESS: u32 = 1;
+/// The consumer's GPU cannot register read-only memory: it asks for a writable ring descriptor.
+pub const FLAG_WRITABLE_RING: u32 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -402,6 +404,11 @@ impl Conn {
             ));
         }
         Ok(true)
+    }
+
+    /// Descriptors received that no message claimed (yet).
+    pub fn stray_fds(&self) -> usize {
+        self.fds.len()
     }
 
     /// Takes one complete message from the receive buffer, if there is one.
