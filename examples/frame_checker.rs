@@ -153,6 +153,9 @@ fn main() {
         let caps = sample.caps().expect("sample caps");
         let caps_str = caps.to_string();
         if caps_seen.last() != Some(&caps_str) {
+            if a.print {
+                println!("CAPS {caps_str}");
+            }
             caps_seen.push(caps_str);
         }
         let buffer = sample.buffer().expect("sample buffer");
@@ -162,6 +165,10 @@ fn main() {
         }
         last_n = Some(n);
         let pts = buffer.pts();
+        // PTS are checked within continuous runs: a drop or a new producer starts a new one.
+        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
+            first = None;
+        }
         match (first, pts, buffer.duration()) {
             (None, Some(p), _) => first = Some((n, p)),
             (Some((n0, p0)), Some(p), Some(d)) => {
@@ -228,8 +235,10 @@ fn main() {
     let _ = pipeline.set_state(gst::State::Null);
     let mut lat = std::mem::take(&mut *lat.lock().unwrap());
     lat.sort_unstable();
-    for c in &caps_seen {
-        println!("CAPS {c}");
+    if !a.print {
+        for c in &caps_seen {
+            println!("CAPS {c}");
+        }
     }
     let fps = if elapsed > 0 && n_frames > 1 {
         (n_frames - 1) as f64 * 1e9 / elapsed as f64

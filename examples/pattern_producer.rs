@@ -6,12 +6,14 @@
 //!     cargo run --release --example pattern_producer -- --socket /tmp/pattern --frames 300
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
-//! Options: --socket PATH (required), --width 1920, --height 1080, --format NV12, --frames 300,
+//! Options: --socket PATH (required), --width 1920, --height 1080, --format NV12, --frames 300
+//! (0 = until killed),
 //! --fps 30 (0 = as fast as the consumers take them), --copy (buffers from elsewhere, forcing
 //! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8,
 //! --seed (every plane holds the bytes 1, 2, ..., 16, 1, 2, ... in raster order, as in the
 //! seed prototype: a 4x4 GRAY8 frame sums to 136).
-//! Prints `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
+//! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
+//! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
 
 use gst::prelude::*;
 
@@ -88,6 +90,23 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let pipeline = gst::Pipeline::new();
     pipeline.add_many([appsrc.upcast_ref(), &sink])?;
     appsrc.link(&sink)?;
+    // Consumers coming and going, stamped with CLOCK_MONOTONIC for the tests.
+    sink.connect("client-connected", false, |v| {
+        println!(
+            "CONNECTED t={} id={}",
+            gstgpushm::ring::monotonic_ns(),
+            v[1].get::<i32>().unwrap_or(-1)
+        );
+        None
+    });
+    sink.connect("client-disconnected", false, |v| {
+        println!(
+            "DISCONNECTED t={} id={}",
+            gstgpushm::ring::monotonic_ns(),
+            v[1].get::<i32>().unwrap_or(-1)
+        );
+        None
+    });
     pipeline.set_state(gst::State::Playing)?;
 
     // Ask the sink for its pool, as any upstream element would.
@@ -114,7 +133,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let dur = gst::ClockTime::SECOND
         .mul_div_floor(1, fps as u64)
         .ok_or("bad fps")?;
-    for n in 0..a.frames {
+    for n in (0..).take_while(|&n| a.frames == 0 || n < a.frames) {
         let mut buf = match &pool {
             Some(p) => p.acquire_buffer(None)?,
             None => gst::Buffer::with_size(info.size())?,

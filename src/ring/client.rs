@@ -140,6 +140,32 @@ impl Connection {
         let deadline = Instant::now()
             .checked_add(opts.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));
+        loop {
+            match Self::connect_once(path, opts, wake, deadline) {
+                // A producer that dies (or is being replaced) can accept a connection and
+                // close it before answering: try again while time is left.
+                Err(Error::Disconnected) if Instant::now() < deadline => {
+                    if let Some(w) = wake {
+                        let ms = opts.retry.as_millis().clamp(1, u16::MAX as u128) as u16;
+                        let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
+                        if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+                            return Err(Error::Interrupted);
+                        }
+                    } else {
+                        std::thread::sleep(opts.retry);
+                    }
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn connect_once(
+        path: &Path,
+        opts: &ConnectOptions,
+        wake: Option<BorrowedFd<'_>>,
+        deadline: Instant,
+    ) -> Result<Self> {
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
