@@ -744,4 +744,107 @@ mod tests {
             None
         );
     }
+
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn any_meta() -> impl Strategy<Value = FrameMeta> {
+            (
+                (any::<u64>(), any::<u32>(), any::<u32>()),
+                proptest::array::uniform4(any::<u64>()),
+                proptest::array::uniform4(any::<u32>()),
+                prop_oneof![any::<u64>(), 0u64..70_000],
+            )
+                .prop_map(|((a, n, f), offs, strides, size)| FrameMeta {
+                    payload_size: size,
+                    pts: a,
+                    n_planes: n % 8,
+                    buffer_flags: f,
+                    plane_offset: offs.map(|o| if o % 2 == 0 { o % 70_000 } else { o }),
+                    plane_stride: strides.map(|s| if s % 2 == 0 { s % 5000 } else { s }),
+                    ..Default::default()
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Whatever a producer writes in a descriptor, the consumer errors or returns a
+            /// frame whose bytes lie inside its slot.
+            #[test]
+            fn descriptors_are_validated(m in any_meta(), slot in 0u32..6, seq in 1u64..5, claim in 1u64..5) {
+                let (p, c) = open_pair(4, 65536);
+                p.publish(slot.min(3), seq, &m);
+                if let Ok((got, ptr)) = c.read_frame(&Entry { seq: claim, ring_gen: 1, slot }) {
+                    prop_assert!(slot < 4 && seq == claim);
+                    prop_assert!(got.payload_size > 0 && got.payload_size <= c.geometry().slot_size);
+                    prop_assert!(got.n_planes as usize <= MAX_PLANES);
+                    for i in 0..got.n_planes as usize {
+                        prop_assert!(got.plane_offset[i] < got.payload_size);
+                    }
+                    let (base, len) = c.mapping();
+                    prop_assert!(ptr as usize + got.payload_size as usize <= base as usize + len);
+                }
+            }
+
+            /// Random header values: opening errors, or the geometry is exactly the announced one.
+            #[test]
+            fn headers_are_validated(field in 0usize..9, value in any::<u64>()) {
+                let p = ProducerRing::create(1, 4, 8192).unwrap();
+                let g = p.geometry();
+                let h = p.header();
+                match field {
+                    0 => h.magic.store(value, Ordering::Relaxed),
+                    1 => h.version.store(value as u32, Ordering::Relaxed),
+                    2 => h.header_size.store(value as u32, Ordering::Relaxed),
+                    3 => h.desc_size.store(value as u32, Ordering::Relaxed),
+                    4 => h.slot_count.store(value as u32, Ordering::Relaxed),
+                    5 => h.slot_size.store(value, Ordering::Relaxed),
+                    6 => h.desc_offset.store(value, Ordering::Relaxed),
+                    7 => h.data_offset.store(value, Ordering::Relaxed),
+                    _ => h.total_size.store(value, Ordering::Relaxed),
+                }
+                if let Ok(c) = ConsumerRing::open(p.read_only_fd().unwrap(), false, 1, 4, g.slot_size, g.total_size) {
+                    prop_assert_eq!(c.geometry(), g);
+                }
+            }
+
+            /// A consumer scribbling over everything it can write never makes the producer
+            /// panic or count frames it never handed out.
+            #[test]
+            fn client_scribbles_are_validated(ops in proptest::collection::vec((0u8..6, any::<u64>()), 1..60)) {
+                let (mut pch, cch) = client_pair();
+                let mut delivered = 0u64;
+                for (op, v) in ops {
+                    let h = cch.header();
+                    let r = match op {
+                        0 => {
+                            delivered += 1;
+                            pch.deliver(Entry { seq: delivered, ring_gen: 1, slot: (v % 4) as u32 }).map(|_| ())
+                        }
+                        1 => { h.rpos.store(v % 200, Ordering::Relaxed); pch.sync_taken() }
+                        2 => { h.rel_wpos.store(v % 300, Ordering::Relaxed); pch.take_releases().map(|_| ()) }
+                        3 => {
+                            let q = cch.entry(1, v % 300);
+                            q.seq.store(v % (delivered + 2), Ordering::Relaxed);
+                            q.loc.store(pack_loc(1, (v % 5) as u32), Ordering::Relaxed);
+                            Ok(())
+                        }
+                        4 => { if let Ok(Some(e)) = cch.take() { cch.release(e); } pch.take_releases().map(|_| ()) }
+                        _ => pch.revoke_oldest().map(|_| ()),
+                    };
+                    let outstanding: Vec<Entry> = pch.outstanding().copied().collect();
+                    prop_assert!(outstanding.len() as u64 <= delivered);
+                    for e in &outstanding {
+                        prop_assert!(e.seq >= 1 && e.seq <= delivered && e.slot < 4);
+                    }
+                    if r.is_err() {
+                        // The producer would disconnect this client here.
+                        break;
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,200 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Fuzzing the socket protocol: the committed corpus (tests/corpus/wire/, valid messages and
+//! known attacks) is decoded whole and cut at every byte, then proptest mutates it and throws
+//! random bytes and random chunkings at a real socket. Nothing may panic; whatever decodes
+//! must round-trip. Bounded case counts keep this to seconds in CI.
+//!
+//! Regenerate the corpus with `cargo test --test fuzz -- --ignored regenerate_wire_corpus`.
+
+use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, MAX_PAYLOAD};
+use proptest::prelude::*;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+fn corpus_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/wire")
+}
+
+fn corpus() -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(corpus_dir())
+        .expect("tests/corpus/wire")
+        .filter_map(|e| e.ok())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    v.sort();
+    assert!(v.len() >= 10, "the corpus is committed");
+    v
+}
+
+/// Whatever decodes re-encodes to an equal message.
+fn check(bytes: &[u8]) {
+    if let Ok(Some((m, used, nfds))) = Message::decode(bytes) {
+        assert!(used <= bytes.len());
+        assert_eq!(nfds, m.expected_fds());
+        let again = m.encode();
+        assert_eq!(Message::decode(&again).unwrap().unwrap().0, m);
+    }
+}
+
+#[test]
+fn corpus_decodes_without_panicking_at_every_cut() {
+    for (name, bytes) in corpus() {
+        let whole = Message::decode(&bytes);
+        if name.starts_with("ok-") {
+            assert!(matches!(whole, Ok(Some(_))), "{name} is a valid message");
+        } else {
+            assert!(
+                whole.is_err() || matches!(whole, Ok(None)),
+                "{name} must not decode"
+            );
+        }
+        for cut in 0..=bytes.len() {
+            check(&bytes[..cut]);
+        }
+    }
+}
+
+fn mutations() -> impl Strategy<Value = (usize, Vec<(usize, u8)>, usize)> {
+    (
+        any::<usize>(),
+        proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+        any::<usize>(),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        check(&bytes);
+    }
+
+    #[test]
+    fn mutated_corpus_never_panics((pick, muts, cut) in mutations()) {
+        let corpus = corpus();
+        let mut bytes = corpus[pick % corpus.len()].1.clone();
+        for (at, b) in muts {
+            if !bytes.is_empty() {
+                let i = at % bytes.len();
+                bytes[i] = b;
+            }
+        }
+        bytes.truncate(cut % (bytes.len() + 1));
+        check(&bytes);
+    }
+
+    #[test]
+    fn valid_strings_round_trip(name in ".{0,64}", caps in ".{0,200}", flags in any::<u32>(), pid in any::<u32>()) {
+        for m in [Message::Hello { flags, pid, name: name.clone() }, Message::Caps { caps_gen: pid, caps: caps.clone() }] {
+            let b = m.encode();
+            prop_assert_eq!(Message::decode(&b).unwrap().unwrap().0, m);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random bytes in random chunks through a real socket: the reader yields messages or an
+    /// error, never a panic or an endless loop.
+    #[test]
+    fn socket_stream_of_garbage(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..16), valid_first in any::<bool>()) {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        let mut conn = Conn::new(b);
+        if valid_first {
+            a.write_all(&Message::Hello { flags: FLAG_LOSSLESS, pid: 1, name: "x".into() }.encode()).unwrap();
+        }
+        for c in &chunks {
+            a.write_all(c).unwrap();
+        }
+        drop(a);
+        let mut got = 0;
+        loop {
+            match conn.try_recv() {
+                Ok(Some(_)) => got += 1,
+                Ok(None) => break,
+                Err(_) => break,
+            }
+            prop_assert!(got < 1000);
+        }
+        if valid_first {
+            prop_assert!(got >= 1);
+        }
+    }
+}
+
+/// Writes the corpus: valid messages of every kind, and known attacks.
+#[test]
+#[ignore]
+fn regenerate_wire_corpus() {
+    let dir = corpus_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let valid = [
+        ("ok-hello", Message::Hello { flags: FLAG_LOSSLESS, pid: 4242, name: "gpushmsrc0".into() }),
+        ("ok-welcome", Message::Welcome { client_id: 3, queue_capacity: 128 }),
+        ("ok-ring", Message::Ring { ring_gen: 2, slot_count: 8, slot_size: 12443648, total_size: 99553280 }),
+        (
+            "ok-caps",
+            Message::Caps {
+                caps_gen: 1,
+                caps: "video/x-raw, format=(string)NV12, width=(int)3840, height=(int)2160, framerate=(fraction)60/1".into(),
+            },
+        ),
+        ("ok-eos", Message::Eos),
+        ("ok-error", Message::Error { message: "protocol version 9 is not supported".into() }),
+    ];
+    let mut files: Vec<(String, Vec<u8>)> = valid
+        .iter()
+        .map(|(n, m)| (n.to_string(), m.encode()))
+        .collect();
+    let hello = Message::Hello {
+        flags: 0,
+        pid: 1,
+        name: "abc".into(),
+    }
+    .encode();
+    let mut bad = |name: &str, f: &dyn Fn(&mut Vec<u8>)| {
+        let mut b = hello.clone();
+        f(&mut b);
+        files.push((format!("bad-{name}"), b));
+    };
+    bad("magic", &|b| b[0] = b'X');
+    bad("version", &|b| b[4] = 99);
+    bad("kind", &|b| b[6] = 200);
+    bad("oversized-length", &|b| {
+        b[8..12].copy_from_slice(&(MAX_PAYLOAD + 1).to_le_bytes())
+    });
+    bad("huge-length", &|b| {
+        b[8..12].copy_from_slice(&u32::MAX.to_le_bytes())
+    });
+    bad("fd-count", &|b| {
+        b[12..16].copy_from_slice(&1000u32.to_le_bytes())
+    });
+    bad("announced-fds", &|b| {
+        b[12..16].copy_from_slice(&1u32.to_le_bytes())
+    });
+    bad("string-past-end", &|b| {
+        b[24..28].copy_from_slice(&u32::MAX.to_le_bytes())
+    });
+    bad("not-utf8", &|b| b[28] = 0xff);
+    bad("trailing-bytes", &|b| {
+        b.push(0);
+        let len = u32::from_le_bytes(b[8..12].try_into().unwrap()) + 1;
+        b[8..12].copy_from_slice(&len.to_le_bytes());
+    });
+    files.push((
+        "bad-http".into(),
+        b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n".to_vec(),
+    ));
+    files.push(("bad-zeros".into(), vec![0; 64]));
+    for (name, bytes) in files {
+        std::fs::write(dir.join(format!("{name}.bin")), bytes).unwrap();
+    }
+}
