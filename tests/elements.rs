@@ -486,3 +486,117 @@ fn a_consumer_that_leaves_never_blocks_render() {
     }
     assert!(t.elapsed() < Duration::from_secs(2));
 }
+
+/// Speaks the protocol by hand: connects, says Hello, and returns the socket and what the
+/// Welcome carried.
+fn raw_client(
+    sock: &Path,
+) -> (
+    gstgpushm::ring::wire::Conn,
+    gstgpushm::ring::consumer::ConsumerChannel,
+    nix::sys::eventfd::EventFd,
+) {
+    use gstgpushm::ring::wire::{Conn, Message};
+    let mut conn = Conn::new(UnixStream::connect(sock).unwrap());
+    conn.send(
+        &Message::Hello {
+            flags: 0,
+            pid: 1,
+            name: "hostile".into(),
+        },
+        &[],
+    )
+    .unwrap();
+    let (m, mut fds) = conn
+        .recv_timeout(Duration::from_secs(5), None)
+        .unwrap()
+        .unwrap();
+    let Message::Welcome { queue_capacity, .. } = m else {
+        panic!("{m:?}")
+    };
+    let release = gstgpushm::ring::shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
+    let _ready = fds.pop().unwrap();
+    let ch = gstgpushm::ring::consumer::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
+        .unwrap();
+    (conn, ch, release)
+}
+
+#[test]
+fn a_client_that_releases_twice_is_disconnected_and_others_go_on() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("double.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let (tx, rx) = mpsc::channel();
+    sink.element()
+        .unwrap()
+        .connect("client-disconnected", false, move |v| {
+            tx.send(v[1].get::<i32>().unwrap()).unwrap();
+            None
+        });
+    let (_conn, ch, release) = raw_client(&sock);
+    let mut honest = src_harness(&sock, true);
+    while sink.element().unwrap().property::<u32>("num-clients") < 2 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    sink.push(gray_frame(0, 64, 48)).unwrap();
+    assert_eq!(honest.pull().unwrap().offset(), 0);
+    // The hostile client takes the frame and gives it back twice.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let e = loop {
+        if let Some(e) = ch.take().unwrap() {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "the hostile client got no frame");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(ch.release(e) && ch.release(e));
+    gstgpushm::ring::shm::notify(&release);
+    let id = rx
+        .recv_timeout(Duration::from_secs(2))
+        .expect("the double release disconnects it");
+    assert_eq!(id, 1, "the hostile client, not the honest one");
+    for n in 1..4 {
+        sink.push(gray_frame(n, 64, 48)).unwrap();
+        assert_eq!(honest.pull().unwrap().offset(), n);
+    }
+}
+
+#[test]
+fn a_client_that_sends_descriptors_is_refused() {
+    use std::io::IoSlice;
+    use std::os::fd::AsRawFd;
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("fds.sock");
+    let _sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let mut s = UnixStream::connect(&sock).unwrap();
+    let hello = gstgpushm::ring::wire::Message::Hello {
+        flags: 0,
+        pid: 1,
+        name: "fds".into(),
+    }
+    .encode();
+    let stray = std::fs::File::open("/dev/null").unwrap();
+    let fds = [stray.as_raw_fd()];
+    nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
+        s.as_raw_fd(),
+        &[IoSlice::new(&hello)],
+        &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+        nix::sys::socket::MsgFlags::empty(),
+        None,
+    )
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reply = Vec::new();
+    let _ = s.read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    assert!(text.contains("sent file descriptors"), "{text}");
+    assert!(!text.contains("GSHW\u{1}\u{0}\u{2}"), "no Welcome was sent");
+}
