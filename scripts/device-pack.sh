@@ -10,5 +10,5 @@ out=${1:-.device}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 ../shared/tools/device-pack "$out"
-lib=$(ldconfig -p | awk '/libgstcheck-1.0.so.0 / {print $NF; exit}')
+lib=$(ldconfig -p | awk '/libgstcheck-1.0.so.0 / {p = $NF} END {print p}')
 [ -n "$lib" ] && cp -L "$lib" "$out/lib/"
