@@ -29,33 +29,25 @@ struct Releaser {
 }
 
 impl Releaser {
+    /// Gives `e` back, after any release still waiting.
     fn release(&self, e: Entry) {
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         backlog.push(e);
-        let mut wrote = false;
-        while let Some(&first) = backlog.first() {
-            if !self.ch.release(first) {
-                break;
-            }
-            backlog.remove(0);
-            wrote = true;
-        }
-        if wrote {
-            shm::notify(&self.efd);
-        }
+        self.write(&mut backlog);
     }
 
+    /// Writes the releases that did not fit earlier.
     fn flush(&self) {
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
-        let mut wrote = false;
-        while let Some(&first) = backlog.first() {
-            if !self.ch.release(first) {
-                break;
-            }
-            backlog.remove(0);
-            wrote = true;
-        }
-        if wrote {
+        self.write(&mut backlog);
+    }
+
+    /// Moves as many releases as fit into the release queue, oldest first, and wakes the
+    /// producer if any went in.
+    fn write(&self, backlog: &mut Vec<Entry>) {
+        let n = backlog.iter().take_while(|&&e| self.ch.release(e)).count();
+        if n > 0 {
+            backlog.drain(..n);
             shm::notify(&self.efd);
         }
     }
