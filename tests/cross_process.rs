@@ -264,3 +264,46 @@ fn gst_launch_on_both_sides() {
     assert!(cs.success(), "consumer:\n{}", cout.join("\n"));
     assert!(ps.success(), "producer:\n{}", pout.join("\n"));
 }
+
+/// The Python example (PyGObject) reads frames from a Rust producer process: the seed frame
+/// sums to 136 in Python too.
+#[test]
+fn python_consumer_reads_the_seed_frames() {
+    let have_gi = std::process::Command::new("python3")
+        .args(["-c", "import gi; gi.require_version('GstApp', '1.0')"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !have_gi {
+        println!("skipping: python3 with PyGObject (python3-gi, gir1.2-gst-plugins-base-1.0) is not installed");
+        return;
+    }
+    let dir = tmpdir();
+    let sock = dir.path().join("py.sock");
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--seed",
+        "--format",
+        "GRAY8",
+        "--width",
+        "4",
+        "--height",
+        "4",
+    ]);
+    p.args(["--frames", "5", "--fps", "0", "--wait"]);
+    let producer = Proc::spawn(p, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumer.py");
+    let mut py = std::process::Command::new("python3");
+    with_plugin_path(&mut py);
+    py.arg(script).args([sock.to_str().unwrap(), "5"]);
+    let (status, out) = Proc::spawn(py, "consumer.py").finish(Duration::from_secs(30));
+    let _ = producer.finish(Duration::from_secs(10));
+    assert!(status.success(), "{}", out.join("\n"));
+    let lines: Vec<&String> = out.iter().filter(|l| l.starts_with("frame ")).collect();
+    assert_eq!(lines.len(), 5, "{}", out.join("\n"));
+    for l in lines {
+        assert!(l.contains("4x4") && l.ends_with("bytes=16 sum=136"), "{l}");
+    }
+}

@@ -51,6 +51,12 @@ pub fn gst_launch(pipeline: &str) -> Command {
     let mut c = Command::new("gst-launch-1.0");
     c.arg("-q");
     c.args(pipeline.split_whitespace());
+    with_plugin_path(&mut c);
+    c
+}
+
+/// Puts this build's plugin on GST_PLUGIN_PATH for a child process that loads it by name.
+pub fn with_plugin_path(c: &mut Command) {
     let dir = build_dir();
     // Locally the plugin sits beside the test binaries' deps/ folder; when packed for the GPU
     // machine it is on GST_PLUGIN_SYSTEM_PATH instead.
@@ -69,7 +75,6 @@ pub fn gst_launch(pipeline: &str) -> Command {
         None => dir.into_os_string(),
     };
     c.env("GST_PLUGIN_PATH", path);
-    c
 }
 
 /// A child process that is killed when dropped, so a failing test leaves nothing running.
