@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: MPL-2.0
+//! gpushmsink/gpushmsrc against shmsink/shmsrc, side by side, in one run:
+//!
+//!     cargo run --release --example bench            # markdown tables on stdout
+//!
+//! For 720p, 1080p and 4K NV12, and two producer modes (`pool`: upstream renders into the sink's
+//! buffer pool; `copy`: upstream buffers come from elsewhere, forcing each sink's copy), it runs
+//! a producer process and a consumer process per transport, alternating:
+//! - delivered fps of a lossless consumer against the producer's own rate (the same source into
+//!   fakesink), producers running flat out;
+//! - cross-process latency p50/p99/max at 30 fps live: the producer stamps CLOCK_MONOTONIC into
+//!   the first 8 bytes of each frame just before its sink, the consumer reads it where its
+//!   source pushes the frame;
+//! - CPU time per frame (getrusage) and peak RSS of each process, from the latency runs.
+//!
+//! With a CUDA GPU it also runs the consumer with cudasum at 4K (gpushmsrc ! cudasum against
+//! shmsrc ! cudasum) and measures the bus limit in the same run. unixfdsink/unixfdsrc
+//! (GStreamer >= 1.24) are run when installed, and skipped with a note otherwise.
+//!
+//! The same binary is the producer (`bench produce ...`) and the consumer (`bench consume ...`).
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gst::prelude::*;
+
+fn now() -> u64 {
+    gstgpushm::ring::monotonic_ns()
+}
+
+fn arg(args: &[String], key: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == key)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+fn num(args: &[String], key: &str, default: u64) -> u64 {
+    arg(args, key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rusage() -> (u64, u64) {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(r) => {
+            let t =
+                |tv: nix::sys::time::TimeVal| tv.tv_sec() as u64 * 1_000_000 + tv.tv_usec() as u64;
+            (t(r.user_time()) + t(r.system_time()), r.max_rss() as u64)
+        }
+        Err(_) => (0, 0),
+    }
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Runs `pipeline` until EOS, an error, or `frames` buffers went through `counted` (a pad).
+fn run_pipeline(pipeline: &gst::Element, timeout: Duration) -> Result<(), String> {
+    pipeline
+        .set_state(gst::State::Playing)
+        .map_err(|e| format!("{e}"))?;
+    let bus = pipeline.bus().ok_or("no bus")?;
+    let r = match bus.timed_pop_filtered(
+        gst::ClockTime::from_nseconds(timeout.as_nanos() as u64),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    ) {
+        Some(m) => match m.view() {
+            gst::MessageView::Error(e) => Err(format!("{}", e.error())),
+            _ => Ok(()),
+        },
+        None => Err("timed out".into()),
+    };
+    let _ = pipeline.set_state(gst::State::Null);
+    r
+}
+
+fn produce(args: &[String]) -> Result<(), String> {
+    let transport = arg(args, "--transport").unwrap_or_default();
+    let socket = arg(args, "--socket").unwrap_or_default();
+    let (w, h) = (num(args, "--width", 1920), num(args, "--height", 1080));
+    let frames = num(args, "--frames", 100);
+    let fps = num(args, "--fps", 0);
+    let copy = args.iter().any(|a| a == "--copy");
+    let size = w * h * 3 / 2;
+    let live = fps > 0;
+    // A live source paces itself; no sink waits on the clock, so latency is the transport's.
+    let sink = match transport.as_str() {
+        "gpushm" => format!("gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false"),
+        "shm" => format!("shmsink name=sink socket-path={socket} wait-for-connection=true sync=false shm-size={}", size * 12),
+        "unixfd" => format!("unixfdsink name=sink socket-path={socket} sync=false"),
+        _ => "fakesink name=sink sync=false".to_string(),
+    };
+    let launch = format!(
+        "videotestsrc pattern=solid-color foreground-color=0xff3060a0 is-live={live} num-buffers={frames} \
+         ! video/x-raw,format=NV12,width={w},height={h},framerate={}/1 {} ! {sink}",
+        if live { fps } else { 30 },
+        if copy { "! identity drop-allocation=true" } else { "" },
+    );
+    let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
+    let bin = pipeline
+        .clone()
+        .downcast::<gst::Bin>()
+        .map_err(|_| "not a bin")?;
+    let sink_el = bin.by_name("sink").ok_or("no sink")?;
+    // first, last, count, CPU time at the first frame
+    let times = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64)));
+    {
+        let times = times.clone();
+        sink_el.static_pad("sink").ok_or("no pad")?.add_probe(
+            gst::PadProbeType::BUFFER,
+            move |_, info| {
+                if let Some(gst::PadProbeData::Buffer(b)) = info.data.as_mut() {
+                    let t = now();
+                    if let Ok(mut m) = b.make_mut().map_writable() {
+                        if m.len() >= 8 {
+                            m[..8].copy_from_slice(&t.to_le_bytes());
+                        }
+                    }
+                    let mut g = times.lock().unwrap();
+                    if g.2 == 0 {
+                        g.0 = t;
+                        g.3 = rusage().0;
+                    }
+                    g.1 = t;
+                    g.2 += 1;
+                }
+                gst::PadProbeReturn::Ok
+            },
+        );
+    }
+    run_pipeline(&pipeline, Duration::from_secs(120))?;
+    let (first, last, count, cpu0) = *times.lock().unwrap();
+    let (cpu_us, rss) = rusage();
+    let cpu_us = cpu_us.saturating_sub(cpu0);
+    let copied = if transport == "gpushm" {
+        sink_el
+            .property::<gst::Structure>("stats")
+            .get::<u64>("frames-copied")
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let fps = if count > 1 {
+        (count - 1) as f64 * 1e9 / (last - first).max(1) as f64
+    } else {
+        0.0
+    };
+    println!(
+        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied}",
+        cpu_us as f64 / count.saturating_sub(1).max(1) as f64
+    );
+    Ok(())
+}
+
+fn consume(args: &[String]) -> Result<(), String> {
+    let transport = arg(args, "--transport").unwrap_or_default();
+    let socket = arg(args, "--socket").unwrap_or_default();
+    let (w, h) = (num(args, "--width", 1920), num(args, "--height", 1080));
+    let frames = num(args, "--frames", 100);
+    let cudasum = if args.iter().any(|a| a == "--cudasum") {
+        "cudasum backend=cuda ! "
+    } else {
+        ""
+    };
+    let src = match transport.as_str() {
+        "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false"),
+        "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format=NV12,width={w},height={h},framerate=30/1"),
+        _ => format!("unixfdsrc name=src socket-path={socket}"),
+    };
+    let launch = format!("{src} ! {cudasum}fakesink name=sink sync=false");
+    let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
+    let bin = pipeline
+        .clone()
+        .downcast::<gst::Bin>()
+        .map_err(|_| "not a bin")?;
+    let lat = Arc::new(Mutex::new(Vec::<u64>::new()));
+    // first, last, count, CPU time at the first frame
+    let done = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64)));
+    {
+        let lat = lat.clone();
+        bin.by_name("src")
+            .ok_or("no src")?
+            .static_pad("src")
+            .ok_or("no pad")?
+            .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+                let t = now();
+                if let Some(gst::PadProbeData::Buffer(b)) = info.data.as_ref() {
+                    if let Ok(m) = b.map_readable() {
+                        if m.len() >= 8 {
+                            let stamp = u64::from_le_bytes(m[..8].try_into().unwrap());
+                            lat.lock().unwrap().push(t.saturating_sub(stamp));
+                        }
+                    }
+                }
+                gst::PadProbeReturn::Ok
+            });
+    }
+    {
+        let done = done.clone();
+        let weak = pipeline.downgrade();
+        bin.by_name("sink")
+            .ok_or("no sink")?
+            .static_pad("sink")
+            .ok_or("no pad")?
+            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+                let t = now();
+                let mut g = done.lock().unwrap();
+                if g.2 == 0 {
+                    g.0 = t;
+                    g.3 = rusage().0;
+                }
+                g.1 = t;
+                g.2 += 1;
+                if g.2 == frames {
+                    if let Some(p) = weak.upgrade() {
+                        let _ = p.post_message(gst::message::Eos::new());
+                    }
+                }
+                gst::PadProbeReturn::Ok
+            });
+    }
+    let gbps = Arc::new(Mutex::new(Vec::<f64>::new()));
+    {
+        let gbps = gbps.clone();
+        pipeline
+            .bus()
+            .ok_or("no bus")?
+            .set_sync_handler(move |_, m| {
+                if let Some(s) = m.structure().filter(|s| s.name() == "cudasum") {
+                    let (b, ns) = (
+                        s.get::<u64>("bytes").unwrap_or(0),
+                        s.get::<u64>("kernel-time-ns").unwrap_or(0),
+                    );
+                    if ns > 0 {
+                        gbps.lock().unwrap().push(b as f64 / ns as f64);
+                    }
+                }
+                gst::BusSyncReply::Pass
+            });
+    }
+    let r = run_pipeline(&pipeline, Duration::from_secs(120));
+    let (first, last, count, cpu0) = *done.lock().unwrap();
+    if count == 0 {
+        return Err(r.err().unwrap_or_else(|| "no frames".into()));
+    }
+    let (cpu_us, rss) = rusage();
+    let cpu_us = cpu_us.saturating_sub(cpu0);
+    // The first frames waited for the connection: warm-up, not latency.
+    let mut l: Vec<u64> = lat.lock().unwrap().iter().skip(10).copied().collect();
+    l.sort_unstable();
+    let mut g = gbps.lock().unwrap().clone();
+    g.sort_by(|a, b| a.total_cmp(b));
+    let fps = if count > 1 {
+        (count - 1) as f64 * 1e9 / (last - first).max(1) as f64
+    } else {
+        0.0
+    };
+    println!(
+        "CONSUMER frames={count} fps={fps:.1} p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} rss_kib={rss} gbps={:.1}",
+        percentile(&l, 0.5) as f64 / 1e3,
+        percentile(&l, 0.99) as f64 / 1e3,
+        l.last().copied().unwrap_or(0) as f64 / 1e3,
+        cpu_us as f64 / count.saturating_sub(1).max(1) as f64,
+        g.get(g.len() / 2).copied().unwrap_or(0.0),
+    );
+    Ok(())
+}
+
+type Fields = std::collections::HashMap<String, String>;
+
+fn parse(out: &str, prefix: &str) -> Option<Fields> {
+    let line = out.lines().find(|l| l.starts_with(prefix))?;
+    Some(
+        line[prefix.len()..]
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect(),
+    )
+}
+
+fn f(m: &Option<Fields>, k: &str) -> f64 {
+    m.as_ref()
+        .and_then(|m| m.get(k))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+struct Run {
+    producer: Option<Fields>,
+    consumer: Option<Fields>,
+}
+
+/// One producer process and (unless `transport` is "none") one consumer process.
+fn run(transport: &str, w: u64, h: u64, frames: u64, fps: u64, copy: bool, cudasum: bool) -> Run {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("bench.sock");
+    let sock_s = sock.to_str().unwrap().to_string();
+    let common = |role: &str| {
+        let mut c = Command::new(&exe);
+        c.args([role, "--transport", transport, "--socket", &sock_s]);
+        c.args([
+            "--width",
+            &w.to_string(),
+            "--height",
+            &h.to_string(),
+            "--frames",
+            &frames.to_string(),
+        ]);
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    };
+    let mut p = common("produce");
+    p.args(["--fps", &fps.to_string()]);
+    if copy {
+        p.arg("--copy");
+    }
+    let producer = p.spawn().expect("spawn producer");
+    let consumer = (transport != "none").then(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !sock.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut c = common("consume");
+        if cudasum {
+            c.arg("--cudasum");
+        }
+        c.spawn().expect("spawn consumer")
+    });
+    let cout = consumer.map(|c| c.wait_with_output().expect("consumer"));
+    let pout = producer.wait_with_output().expect("producer");
+    let show = |o: &std::process::Output| {
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
+    };
+    let run = Run {
+        producer: parse(&show(&pout), "PRODUCER "),
+        consumer: cout.as_ref().and_then(|o| parse(&show(o), "CONSUMER ")),
+    };
+    if run.producer.is_none() || (transport != "none" && run.consumer.is_none()) {
+        eprintln!(
+            "bench: {transport} {w}x{h} failed:\n{}\n{}",
+            show(&pout),
+            cout.as_ref().map(show).unwrap_or_default()
+        );
+    }
+    run
+}
+
+fn have(element: &str) -> bool {
+    gst::ElementFactory::find(element).is_some()
+}
+
+fn orchestrate() {
+    let sizes = [
+        ("720p", 1280, 720, 300),
+        ("1080p", 1920, 1080, 200),
+        ("4K", 3840, 2160, 100),
+    ];
+    let mut transports = vec!["gpushm", "shm"];
+    if have("unixfdsink") {
+        transports.push("unixfd");
+    }
+    let machine = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    println!("# gpushm benchmark\n");
+    println!(
+        "Machine: {} CPUs ({machine}), GStreamer {}.",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        gst::version_string()
+    );
+    if !have("unixfdsink") {
+        println!("unixfdsink/unixfdsrc: not installed (GStreamer >= 1.24), skipped.");
+    }
+    println!("\n## Throughput (producer flat out, lossless consumer) and latency (30 fps live)\n");
+    println!("| size | mode | transport | producer alone fps | delivered fps | % | latency p50 / p99 / max µs (30 fps live) | CPU µs/frame: producer alone / producer / consumer | peak RSS producer / consumer MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (name, w, h, frames) in sizes {
+        let alone = run("none", w, h, frames, 0, false, false);
+        let own = f(&alone.producer, "fps");
+        for copy in [false, true] {
+            let mode = if copy { "copy" } else { "pool" };
+            for t in &transports {
+                let tput = run(t, w, h, frames, 0, copy, false);
+                let lat = run(t, w, h, 90, 30, copy, false);
+                let delivered = f(&tput.consumer, "fps");
+                println!(
+                    "| {name} | {mode} | {t} | {own:.0} | {delivered:.0} | {:.0} % | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} |",
+                    100.0 * delivered / own,
+                    f(&lat.consumer, "p50_us"),
+                    f(&lat.consumer, "p99_us"),
+                    f(&lat.consumer, "max_us"),
+                    f(&alone.producer, "cpu_us_per_frame"),
+                    f(&tput.producer, "cpu_us_per_frame"),
+                    f(&tput.consumer, "cpu_us_per_frame"),
+                    f(&tput.producer, "rss_kib") / 1024.0,
+                    f(&tput.consumer, "rss_kib") / 1024.0,
+                );
+            }
+        }
+    }
+    match gstgpushm::cuda::driver() {
+        Err(e) => println!("\nGPU mode skipped: {e}"),
+        Ok(_) => gpu_mode(),
+    }
+}
+
+fn gpu_mode() {
+    println!("\n## GPU: the consumer runs cudasum (4K NV12, producer flat out, pool mode)\n");
+    println!("| consumer | delivered fps | cudasum GB/s (median per frame) |");
+    println!("|---|---|---|");
+    let mut fps = Vec::new();
+    for t in ["gpushm", "shm"] {
+        let r = run(t, 3840, 2160, 150, 0, false, true);
+        fps.push(f(&r.consumer, "fps"));
+        let src = if t == "gpushm" { "gpushmsrc" } else { "shmsrc" };
+        println!(
+            "| {src} ! cudasum | {:.0} | {:.1} |",
+            f(&r.consumer, "fps"),
+            f(&r.consumer, "gbps")
+        );
+    }
+    // The bus limit in the same run: a plain read kernel over registered host memory.
+    if let Ok(dev) = gstgpushm::cuda::device(-1) {
+        if let (Ok(mut gpu), Ok(ring)) = (
+            gstgpushm::cuda::kernels::GpuSummer::new(&dev),
+            gstgpushm::ring::producer::ProducerRing::create(1, 2, 3840 * 2160 * 3 / 2),
+        ) {
+            let (base, len) = ring.mapping();
+            // SAFETY: the ring outlives the registration.
+            if let Ok(reg) =
+                unsafe { gstgpushm::cuda::register::HostRegistration::new(&dev, base, len, false) }
+            {
+                let d = reg.device_ptr_of(ring.slot_ptr(0)).unwrap_or(0);
+                if let Ok(ns) = gpu.time_read(d, 3840 * 2160 * 3 / 2, 20) {
+                    println!("\nBus limit (plain read kernel over registered host memory, one 4K frame): {:.1} GB/s on {}", (3840.0 * 2160.0 * 1.5) / ns as f64, dev.name);
+                }
+            }
+        }
+    }
+    println!(
+        "gpushmsrc ! cudasum reaches {:.1}x the fps of shmsrc ! cudasum",
+        fps[0] / fps[1]
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    gst::init().expect("gst::init");
+    gstgpushm::plugin_register_static().expect("register gpushm");
+    let r = match args.get(1).map(String::as_str) {
+        Some("produce") => produce(&args),
+        Some("consume") => consume(&args),
+        _ => {
+            orchestrate();
+            Ok(())
+        }
+    };
+    if let Err(e) = r {
+        eprintln!("bench: {e}");
+        std::process::exit(1);
+    }
+}
