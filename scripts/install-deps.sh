@@ -17,6 +17,7 @@ command -v gst-launch-1.0 >/dev/null 2>&1 || pkgs+=(gstreamer1.0-tools)
 gst-inspect-1.0 videotestsrc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-base)
 gst-inspect-1.0 shmsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
 gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
+pkg-config --exists fontconfig freetype2 2>/dev/null || pkgs+=(libfontconfig-dev libfreetype-dev fonts-dejavu-core)
 command -v meson >/dev/null 2>&1 || pkgs+=(meson)
 command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
 python3 -c 'import gi; gi.require_version("GstApp", "1.0")' >/dev/null 2>&1 ||
