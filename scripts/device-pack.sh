@@ -12,3 +12,19 @@ cd "$here"
 ../shared/tools/device-pack "$out"
 lib=$(ldconfig -p | awk '/libgstcheck-1.0.so.0 / {p = $NF} END {print p}')
 [ -n "$lib" ] && cp -L "$lib" "$out/lib/"
+# The examples' own libraries (the bench plot needs fontconfig and freetype), glibc aside, and a
+# font with a fontconfig file that finds it.
+skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
+for e in "$out"/examples/*; do ldd "$e" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $1, $3}'; done | sort -u |
+  while read -r soname path; do
+    [[ $soname =~ $skip ]] || [ -e "$out/lib/$soname" ] || cp -L "$path" "$out/lib/$soname"
+  done
+mkdir -p "$out/fonts"
+cp /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf "$out/fonts/" 2>/dev/null || true
+cat > "$out/fonts/fonts.conf" <<'CONF'
+<?xml version="1.0"?>
+<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
+<fontconfig><dir prefix="relative">.</dir><cachedir>/tmp/gpushm-fontcache</cachedir>
+<alias><family>sans-serif</family><prefer><family>DejaVu Sans</family></prefer></alias></fontconfig>
+CONF
+echo 'export FONTCONFIG_FILE=$here/fonts/fonts.conf' >> "$out/env.sh"
