@@ -215,7 +215,7 @@ impl ElementImpl for CudaSum {
             gst::subclass::ElementMetadata::new(
                 "CUDA plane sums",
                 "Filter/Analyzer/Video",
-                "Sums every plane of raw video frames with CUDA, reading gpushm rings in place, and posts the sums as element messages",
+                "Sums every plane of raw video frames with CUDA, reading gpushm rings in place, and posts the sums as element messages named cudasum. Example: gst-launch-1.0 -m gpushmsrc socket-path=/tmp/cam ! cudasum ! fakesink",
                 "gpushm developers",
             )
         });

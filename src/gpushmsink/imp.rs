@@ -449,7 +449,7 @@ impl ElementImpl for GpuShmSink {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video sink",
                 "Sink/Video",
-                "Shares raw video with gpushmsrc in other processes through a zero-copy shared-memory ring that CUDA can read in place",
+                "Shares raw video with gpushmsrc in other processes through a zero-copy shared-memory ring that CUDA can read in place. Example: gst-launch-1.0 videotestsrc is-live=true ! video/x-raw,format=NV12,width=1920,height=1080 ! gpushmsink socket-path=/tmp/cam",
                 "gpushm developers",
             )
         });

@@ -509,7 +509,7 @@ impl ElementImpl for GpuShmSrc {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video source",
                 "Source/Video",
-                "Receives raw video from a gpushmsink in another process without copying frame bytes",
+                "Receives raw video from a gpushmsink in another process without copying frame bytes; caps come from the producer. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
                 "gpushm developers",
             )
         });
