@@ -279,21 +279,7 @@ fn python_consumer_reads_the_seed_frames() {
     }
     let dir = tmpdir();
     let sock = dir.path().join("py.sock");
-    let mut p = example("pattern_producer");
-    p.args([
-        "--socket",
-        sock.to_str().unwrap(),
-        "--seed",
-        "--format",
-        "GRAY8",
-        "--width",
-        "4",
-        "--height",
-        "4",
-    ]);
-    p.args(["--frames", "5", "--fps", "0", "--wait"]);
-    let producer = Proc::spawn(p, "pattern_producer");
-    wait_for_path(&sock, Duration::from_secs(10));
+    let producer = seed_producer(&sock, 5);
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumer.py");
     let mut py = std::process::Command::new("python3");
     with_plugin_path(&mut py);

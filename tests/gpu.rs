@@ -222,21 +222,7 @@ fn gpu_seed_frame_sums_to_136_across_processes() {
     }
     let dir = tmpdir();
     let sock = dir.path().join("seed.sock");
-    let mut p = example("pattern_producer");
-    p.args([
-        "--socket",
-        sock.to_str().unwrap(),
-        "--seed",
-        "--format",
-        "GRAY8",
-        "--width",
-        "4",
-        "--height",
-        "4",
-    ]);
-    p.args(["--frames", "5", "--fps", "0", "--wait"]);
-    let producer = Proc::spawn(p, "pattern_producer");
-    wait_for_path(&sock, Duration::from_secs(10));
+    let producer = seed_producer(&sock, 5);
     let mut c = example("frame_checker");
     c.args([
         "--socket",

@@ -222,6 +222,27 @@ pub fn num(f: &std::collections::HashMap<String, String>, k: &str) -> f64 {
         .expect("number")
 }
 
+/// A producer of the seed prototype's frame: 4x4 GRAY8 holding 1..16 (sum 136), `frames`
+/// times, waiting for a consumer.
+pub fn seed_producer(sock: &Path, frames: u32) -> Proc {
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--seed",
+        "--format",
+        "GRAY8",
+        "--width",
+        "4",
+        "--height",
+        "4",
+    ]);
+    p.args(["--frames", &frames.to_string(), "--fps", "0", "--wait"]);
+    let producer = Proc::spawn(p, "pattern_producer");
+    wait_for_path(sock, Duration::from_secs(10));
+    producer
+}
+
 /// What is in /dev/shm now.
 pub fn dev_shm() -> BTreeSet<String> {
     std::fs::read_dir("/dev/shm")
