@@ -616,6 +616,13 @@ impl BaseSrcImpl for GpuShmSrc {
         Ok(())
     }
 
+    /// Frames are pushed the moment they arrive: never wait on the clock for them. (The
+    /// default makes a live source sync on each timestamp, and a live producer can stamp a
+    /// frame up to 0.5 ms ahead, since GstSystemClock does not sleep for shorter waits.)
+    fn times(&self, _buffer: &gst::BufferRef) -> (Option<gst::ClockTime>, Option<gst::ClockTime>) {
+        (None, None)
+    }
+
     fn is_seekable(&self) -> bool {
         false
     }

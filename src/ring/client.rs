@@ -119,6 +119,8 @@ pub struct Connection {
     eos: bool,
     gone: Option<Error>,
     writable: bool,
+    /// poll() saw the socket readable (or hung up) since it was last read.
+    socket_ready: bool,
 }
 
 impl Connection {
@@ -238,6 +240,7 @@ impl Connection {
             eos: false,
             gone: None,
             writable: opts.writable_ring,
+            socket_ready: true,
         };
         c.pump()?;
         Ok(c)
@@ -330,7 +333,11 @@ impl Connection {
     /// The next frame, if one is queued. `Err(Disconnected)` once the producer is gone and
     /// every frame it delivered was taken.
     pub fn try_next(&mut self) -> Result<Option<Frame>> {
-        self.pump()?;
+        // Read the socket only when poll() said it has news (or a frame needs news): no
+        // syscall per frame for nothing.
+        if std::mem::take(&mut self.socket_ready) {
+            self.pump()?;
+        }
         self.releaser.flush();
         let Some(e) = self.releaser.ch.take()? else {
             return match self.gone.take() {
@@ -354,17 +361,22 @@ impl Connection {
             releaser: self.releaser.clone(),
         };
         let (meta, ptr) = ring.read_frame(&e)?;
-        let caps = self
-            .caps
-            .iter()
-            .find(|c| c.0 == meta.caps_gen)
-            .map(|c| c.1.clone())
-            .ok_or_else(|| {
-                Error::protocol(format!(
-                    "frame {} uses unknown caps generation {}",
-                    e.seq, meta.caps_gen
-                ))
-            })?;
+        let find = |c: &Self| {
+            c.caps
+                .iter()
+                .find(|c| c.0 == meta.caps_gen)
+                .map(|c| c.1.clone())
+        };
+        if find(self).is_none() {
+            // Caps are sent before the first frame that uses them: they are on the socket.
+            self.pump()?;
+        }
+        let caps = find(self).ok_or_else(|| {
+            Error::protocol(format!(
+                "frame {} uses unknown caps generation {}",
+                e.seq, meta.caps_gen
+            ))
+        })?;
         Ok(Some(Frame {
             meta,
             seq: e.seq,
@@ -390,7 +402,10 @@ impl Connection {
         ];
         let n = match poll(&mut pfds, t) {
             Ok(n) => n,
-            Err(nix::errno::Errno::EINTR) => return Ok(Wait::Ready),
+            Err(nix::errno::Errno::EINTR) => {
+                self.socket_ready = true;
+                return Ok(Wait::Ready);
+            }
             Err(e) => return Err(Error::os("poll", e)),
         };
         if pfds[0].any().unwrap_or(false) {
@@ -398,6 +413,9 @@ impl Connection {
         }
         if n == 0 {
             return Ok(Wait::TimedOut);
+        }
+        if pfds[2].any().unwrap_or(true) {
+            self.socket_ready = true;
         }
         shm::drain(&self.ready);
         Ok(Wait::Ready)
