@@ -7,7 +7,8 @@
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
 //! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
-//! --expect N (fail unless exactly N frames arrived), --print (one line per frame),
+//! --expect N (fail unless exactly N frames arrived), --print (one line per frame, with the sum
+//! of every byte of each plane),
 //! --cudasum BACKEND (insert `cudasum backend=BACKEND` and check every sum it reports against
 //! a CPU computation over the same buffer; prints a CUDASTATS line), --no-reconnect (error out
 //! when the producer goes away instead of waiting for a new one). Warnings are printed as they
@@ -202,8 +203,9 @@ fn main() {
         }
         if a.print {
             println!(
-                "FRAME n={n} pts={} checksum={sum:016x} ok={ok}",
-                pts.map_or(-1, |p| p.nseconds() as i64)
+                "FRAME n={n} pts={} checksum={sum:016x} plane_sums={} ok={ok}",
+                pts.map_or(-1, |p| p.nseconds() as i64),
+                plane_sums(caps, buffer)
             );
         }
         if cudasum.is_some() {
@@ -339,6 +341,29 @@ impl SumCheck {
     fn gbps_p50(&mut self) -> f64 {
         self.gbps.sort_by(|a, b| a.total_cmp(b));
         self.gbps.get(self.gbps.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
+/// The sum of every visible byte of each plane, e.g. `136` or `1234,567`.
+fn plane_sums(caps: &gst::CapsRef, buffer: &gst::BufferRef) -> String {
+    use gstgpushm::sum_planes as sp;
+    let (Ok(info), Ok(map)) = (gst_video::VideoInfo::from_caps(caps), buffer.map_readable()) else {
+        return "?".into();
+    };
+    let layout = buffer
+        .meta::<gst_video::VideoMeta>()
+        .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
+    match sp::planes(
+        &info,
+        layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
+        map.size(),
+    ) {
+        Ok(planes) => sp::plane_totals(&sp::cpu_sums(&map, &planes))
+            .iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        Err(_) => "?".into(),
     }
 }
 

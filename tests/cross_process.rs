@@ -293,3 +293,28 @@ fn python_consumer_reads_the_seed_frames() {
         assert!(l.contains("4x4") && l.ends_with("bytes=16 sum=136"), "{l}");
     }
 }
+
+/// The Rust consumer example prints each frame's plane sums: the seed frame sums to 136.
+#[test]
+fn rust_consumer_prints_per_frame_sums() {
+    let dir = tmpdir();
+    let sock = dir.path().join("sums.sock");
+    let producer = seed_producer(&sock, 3);
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--lossless",
+        "--print",
+        "--expect",
+        "3",
+    ]);
+    let (status, out) = Proc::spawn(c, "frame_checker").finish(Duration::from_secs(30));
+    let _ = producer.finish(Duration::from_secs(10));
+    assert!(status.success(), "{}", out.join("\n"));
+    let frames: Vec<&String> = out.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(frames.len(), 3);
+    for l in frames {
+        assert!(l.contains(" plane_sums=136 "), "{l}");
+    }
+}
