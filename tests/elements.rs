@@ -351,12 +351,12 @@ fn client_signals_and_num_clients() {
     let (tx, rx) = mpsc::channel();
     let tx2 = tx.clone();
     e.connect("client-connected", false, move |v| {
-        tx.send(("connected", v[1].get::<i32>().unwrap())).unwrap();
+        let _ = tx.send(("connected", v[1].get::<i32>().unwrap()));
         None
     });
     e.connect("client-disconnected", false, move |v| {
-        tx2.send(("disconnected", v[1].get::<i32>().unwrap()))
-            .unwrap();
+        // Signals during teardown may find the receiver gone: never panic in a callback.
+        let _ = tx2.send(("disconnected", v[1].get::<i32>().unwrap()));
         None
     });
     let src = src_harness(&sock, false);
@@ -462,7 +462,9 @@ fn a_consumer_that_leaves_never_blocks_render() {
     std::thread::spawn(move || {
         for n in 0..12 {
             sink.push(gray_frame(n, 64, 48)).unwrap();
-            tx.send(n).unwrap();
+            if tx.send(n).is_err() {
+                break;
+            }
         }
     });
     // ...so render waits once the ring is full,
@@ -534,7 +536,8 @@ fn a_client_that_releases_twice_is_disconnected_and_others_go_on() {
     sink.element()
         .unwrap()
         .connect("client-disconnected", false, move |v| {
-            tx.send(v[1].get::<i32>().unwrap()).unwrap();
+            // Later signals (teardown) may find the receiver gone.
+            let _ = tx.send(v[1].get::<i32>().unwrap());
             None
         });
     let (_conn, ch, release) = raw_client(&sock);
