@@ -3,7 +3,9 @@
 """A Python consumer: `gpushmsrc ! appsink` (no caps given), printing for each frame its number,
 caps size, bytes and the sum of every byte, read in place from the shared ring.
 
-    GST_PLUGIN_PATH=$PWD/target/release python3 examples/consumer.py /tmp/cam 100
+    GST_PLUGIN_PATH=$PWD/target/release /usr/bin/python3 examples/consumer.py /tmp/cam 100
+
+Add --lossless to receive every frame (the producer then waits for this consumer).
 
 Needs PyGObject (python3-gi, gir1.2-gstreamer-1.0, gir1.2-gst-plugins-base-1.0).
 """
@@ -17,17 +19,20 @@ from gi.repository import Gst  # noqa: E402
 
 
 def main() -> int:
-    if len(sys.argv) < 2:
+    args = [a for a in sys.argv[1:] if a != "--lossless"]
+    lossless = "true" if "--lossless" in sys.argv else "false"
+    if not args:
         print(__doc__, file=sys.stderr)
         return 2
-    socket_path = sys.argv[1]
-    frames = int(sys.argv[2]) if len(sys.argv) > 2 else 100
+    socket_path = args[0]
+    frames = int(args[1]) if len(args) > 1 else 100
     Gst.init(None)
     if Gst.ElementFactory.find("gpushmsrc") is None:
         print("gpushmsrc not found: set GST_PLUGIN_PATH to the folder of libgstgpushm.so", file=sys.stderr)
         return 2
     pipeline = Gst.parse_launch(
-        f"gpushmsrc socket-path={socket_path} reconnect=false ! appsink name=out sync=false max-buffers=2"
+        f"gpushmsrc socket-path={socket_path} lossless={lossless} reconnect=false "
+        "! appsink name=out sync=false max-buffers=2"
     )
     sink = pipeline.get_by_name("out")
     if pipeline.set_state(Gst.State.PLAYING) == Gst.StateChangeReturn.FAILURE:

@@ -20,7 +20,9 @@ gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
 pkg-config --exists fontconfig freetype2 2>/dev/null || pkgs+=(libfontconfig-dev libfreetype-dev fonts-dejavu-core)
 command -v meson >/dev/null 2>&1 || pkgs+=(meson)
 command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
-python3 -c 'import gi; gi.require_version("GstApp", "1.0")' >/dev/null 2>&1 ||
+# Debian's python3 (PyGObject lives there), even when another python3 comes first on PATH.
+py=/usr/bin/python3; [ -x "$py" ] || py=python3
+"$py" -c 'import gi; gi.require_version("GstApp", "1.0")' >/dev/null 2>&1 ||
   pkgs+=(python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0)
 
 if [ ${#pkgs[@]} -gt 0 ]; then

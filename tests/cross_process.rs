@@ -269,21 +269,27 @@ fn gst_launch_on_both_sides() {
 /// sums to 136 in Python too.
 #[test]
 fn python_consumer_reads_the_seed_frames() {
-    let have_gi = std::process::Command::new("python3")
-        .args(["-c", "import gi; gi.require_version('GstApp', '1.0')"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !have_gi {
-        println!("skipping: python3 with PyGObject (python3-gi, gir1.2-gst-plugins-base-1.0) is not installed");
+    // The first interpreter with PyGObject: Debian's (python3-gi) may sit behind another
+    // python3 on PATH (pyenv, venv).
+    let python = ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+        std::process::Command::new(py)
+            .args(["-c", "import gi; gi.require_version('GstApp', '1.0')"])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    });
+    let Some(python) = python else {
+        println!("skipping: no python3 with PyGObject (python3-gi, gir1.2-gst-plugins-base-1.0)");
         return;
-    }
+    };
     let dir = tmpdir();
     let sock = dir.path().join("py.sock");
     let producer = seed_producer(&sock, 5);
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumer.py");
-    let mut py = std::process::Command::new("python3");
+    let mut py = std::process::Command::new(python);
     with_plugin_path(&mut py);
-    py.arg(script).args([sock.to_str().unwrap(), "5"]);
+    py.arg(script)
+        .args([sock.to_str().unwrap(), "5", "--lossless"]);
     let (status, out) = Proc::spawn(py, "consumer.py").finish(Duration::from_secs(30));
     let _ = producer.finish(Duration::from_secs(10));
     assert!(status.success(), "{}", out.join("\n"));

@@ -100,7 +100,7 @@ pub struct GpuShmSrc {
     settings: Mutex<Settings>,
     state: Mutex<Option<Started>>,
     /// Written by unlock() to get create() out of poll().
-    wake: EventFd,
+    wake: once_cell::sync::OnceCell<EventFd>,
     publish_caps: gst::Caps,
 }
 
@@ -109,7 +109,7 @@ impl Default for GpuShmSrc {
         Self {
             settings: Mutex::new(Settings::default()),
             state: Mutex::new(None),
-            wake: shm::new_eventfd().expect("eventfd() failed: out of file descriptors"),
+            wake: once_cell::sync::OnceCell::new(),
             publish_caps: gst::Caps::new_empty_simple(PUBLISH_TIMESTAMP_CAPS),
         }
     }
@@ -169,6 +169,11 @@ impl GpuShmSrc {
         Ok(())
     }
 
+    /// Written by unlock() to get create() and connect() out of poll(); made in start().
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.wake.get().map(std::os::fd::AsFd::as_fd)
+    }
+
     /// Waits for a producer on the same path and switches to it (reconnect=true). Buffers of
     /// the old producer stay valid downstream: they keep their mapping alive.
     fn reconnect(&self, st: &mut Started, why: &str) -> Result<(), gst::FlowError> {
@@ -185,7 +190,7 @@ impl GpuShmSrc {
             timeout: Duration::MAX,
             ..st.opts.clone()
         };
-        match Connection::connect(&st.path, &opts, Some(std::os::fd::AsFd::as_fd(&self.wake))) {
+        match Connection::connect(&st.path, &opts, self.wake_fd()) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
@@ -540,7 +545,13 @@ impl BaseSrcImpl for GpuShmSrc {
                 ("socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink")
             ));
         };
-        shm::drain(&self.wake);
+        let wake = self.wake.get_or_try_init(shm::new_eventfd).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::Failed,
+                ("Cannot create an eventfd: {}", e)
+            )
+        })?;
+        shm::drain(wake);
         let cuda = match crate::cuda::device(s.cuda_device) {
             Ok(d) => {
                 gst::info!(CAT, imp = self, "{d:?}");
@@ -577,17 +588,16 @@ impl BaseSrcImpl for GpuShmSrc {
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
         };
-        let conn = Connection::connect(&path, &opts, Some(std::os::fd::AsFd::as_fd(&self.wake)))
-            .map_err(|e| {
-                gst::error_msg!(
-                    gst::ResourceError::OpenRead,
-                    (
-                        "Could not connect to a gpushmsink at {}: {}",
-                        path.display(),
-                        e
-                    )
+        let conn = Connection::connect(&path, &opts, self.wake_fd()).map_err(|e| {
+            gst::error_msg!(
+                gst::ResourceError::OpenRead,
+                (
+                    "Could not connect to a gpushmsink at {}: {}",
+                    path.display(),
+                    e
                 )
-            })?;
+            )
+        })?;
         gst::info!(
             CAT,
             imp = self,
@@ -671,12 +681,16 @@ impl BaseSrcImpl for GpuShmSrc {
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
-        shm::notify(&self.wake);
+        if let Some(w) = self.wake.get() {
+            shm::notify(w);
+        }
         Ok(())
     }
 
     fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
-        shm::drain(&self.wake);
+        if let Some(w) = self.wake.get() {
+            shm::drain(w);
+        }
         Ok(())
     }
 }
@@ -719,7 +733,10 @@ impl PushSrcImpl for GpuShmSrc {
                     continue;
                 }
             }
-            match st.conn.wait(std::os::fd::AsFd::as_fd(&self.wake), None) {
+            let Some(wake) = self.wake_fd() else {
+                return Err(gst::FlowError::Flushing);
+            };
+            match st.conn.wait(wake, None) {
                 Ok(Wait::Woken) => return Err(gst::FlowError::Flushing),
                 Ok(_) => {}
                 Err(e) => {

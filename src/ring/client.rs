@@ -220,9 +220,13 @@ impl Connection {
             }
             m => return Err(Error::protocol(format!("expected Welcome, got {m:?}"))),
         };
-        let release = fds.pop().expect("3 fds checked by the decoder");
-        let ready = fds.pop().expect("3 fds checked by the decoder");
-        let block = fds.pop().expect("3 fds checked by the decoder");
+        let mut fd = || {
+            fds.pop()
+                .ok_or_else(|| Error::protocol("Welcome arrived without its descriptors"))
+        };
+        let release = fd()?;
+        let ready = fd()?;
+        let block = fd()?;
         let ch = ConsumerChannel::open(block, capacity)?;
         let ready = shm::check_eventfd(ready, "frame-ready eventfd")?;
         let release = shm::check_eventfd(release, "slot-released eventfd")?;
@@ -294,7 +298,9 @@ impl Connection {
                     slot_size,
                     total_size,
                 } => {
-                    let fd = fds.pop().expect("1 fd checked by the decoder");
+                    let fd = fds
+                        .pop()
+                        .ok_or_else(|| Error::protocol("Ring arrived without its descriptor"))?;
                     let ring = ConsumerRing::open(
                         fd,
                         self.writable,
