@@ -300,15 +300,7 @@ impl SumCheck {
             .unwrap_or_default();
         let info = gst_video::VideoInfo::from_caps(caps).expect("video caps");
         let map = buffer.map_readable().expect("map");
-        let layout = buffer
-            .meta::<gst_video::VideoMeta>()
-            .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
-        let planes = sp::planes(
-            &info,
-            layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
-            map.size(),
-        )
-        .expect("planes");
+        let planes = sp::buffer_planes(&info, buffer).expect("planes");
         let cpu = sp::plane_totals(&sp::cpu_sums(&map, &planes));
         let ok = gpu == cpu;
         self.checked += 1;
@@ -350,14 +342,7 @@ fn plane_sums(caps: &gst::CapsRef, buffer: &gst::BufferRef) -> String {
     let (Ok(info), Ok(map)) = (gst_video::VideoInfo::from_caps(caps), buffer.map_readable()) else {
         return "?".into();
     };
-    let layout = buffer
-        .meta::<gst_video::VideoMeta>()
-        .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
-    match sp::planes(
-        &info,
-        layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
-        map.size(),
-    ) {
+    match sp::buffer_planes(&info, buffer) {
         Ok(planes) => sp::plane_totals(&sp::cpu_sums(&map, &planes))
             .iter()
             .map(|v| v.to_string())

@@ -288,15 +288,7 @@ impl BaseTransformImpl for CudaSum {
             gst::element_imp_error!(self, gst::StreamError::Failed, ("Could not map the frame"));
             gst::FlowError::Error
         })?;
-        let layout = buf
-            .meta::<gst_video::VideoMeta>()
-            .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
-        let planes = planes::planes(
-            &info,
-            layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
-            map.size(),
-        )
-        .map_err(|e| {
+        let planes = planes::buffer_planes(&info, buf).map_err(|e| {
             gst::element_imp_error!(
                 self,
                 gst::StreamError::Format,

@@ -95,6 +95,21 @@ pub fn planes(
     Ok(out)
 }
 
+/// The planes of `buffer` (with `info`), laid out as its GstVideoMeta says, or by `info`.
+pub fn buffer_planes(
+    info: &gst_video::VideoInfo,
+    buffer: &gst::BufferRef,
+) -> Result<Vec<Plane>, String> {
+    let layout = buffer
+        .meta::<gst_video::VideoMeta>()
+        .map(|m| (m.offset().to_vec(), m.stride().to_vec()));
+    planes(
+        info,
+        layout.as_ref().map(|(o, s)| (&o[..], &s[..])),
+        buffer.size(),
+    )
+}
+
 /// Per-plane, per-channel byte sums, computed on the CPU.
 pub fn cpu_sums(data: &[u8], planes: &[Plane]) -> Vec<[u64; 4]> {
     planes

@@ -94,8 +94,6 @@ struct Client {
     release: EventFd,
     lossless: bool,
     sent: u64,
-    /// Frames not delivered because the client held its whole budget.
-    skipped: u64,
     lagging: bool,
     /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
     writable: bool,
@@ -301,7 +299,7 @@ impl Server {
                 pid: c.pid,
                 lossless: c.lossless,
                 sent: c.sent,
-                dropped: c.ch.dropped() + c.skipped,
+                dropped: c.ch.dropped(),
                 held: c.ch.held_len() + c.ch.pending_len(),
             })
             .collect();
@@ -556,7 +554,7 @@ impl Server {
                     shm::notify(&c.ready);
                 }
                 Ok(false) => {
-                    c.skipped += 1;
+                    c.ch.skip();
                     inner.stats.frames_dropped += 1;
                 }
                 Err(e) => failed.push((c.id, e.to_string())),
@@ -862,7 +860,6 @@ impl Server {
                 release,
                 lossless: flags & FLAG_LOSSLESS != 0,
                 sent: 0,
-                skipped: 0,
                 lagging: false,
                 writable: flags & FLAG_WRITABLE_RING != 0,
             };

@@ -117,7 +117,8 @@ pub struct ClientHeader {
     pub rel_wpos: AtomicU64,
     /// Releases consumed (producer).
     pub rel_rpos: AtomicU64,
-    /// Deliveries the producer revoked because this client fell behind.
+    /// Frames this client did not get: revoked because it fell behind, or skipped because it
+    /// held its whole budget.
     pub dropped: AtomicU64,
     pub _reserved: [AtomicU64; 9],
 }

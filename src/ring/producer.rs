@@ -304,9 +304,16 @@ impl ClientChannel {
         self.held.len()
     }
 
-    /// Deliveries revoked because the client fell behind.
+    /// Frames the client did not get: revoked because it fell behind, or skipped.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Counts a frame this client does not get (it holds its whole budget), where the
+    /// consumer sees it too.
+    pub fn skip(&mut self) {
+        self.dropped += 1;
+        self.header().dropped.store(self.dropped, Ordering::Relaxed);
     }
 
     /// Takes back the oldest frame the client has not taken yet. Returns it if revoked, or

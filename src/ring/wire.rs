@@ -299,11 +299,13 @@ impl Conn {
     /// Sends `msg` with `fds`; never blocks for long: a peer whose socket buffer is full
     /// (it stopped reading) gets an error instead of stalling the sender.
     pub fn send(&self, msg: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
-        assert_eq!(
-            fds.len() as u32,
-            msg.expected_fds(),
-            "descriptor count for {msg:?}"
-        );
+        if fds.len() as u32 != msg.expected_fds() {
+            return Err(Error::protocol(format!(
+                "{msg:?} needs {} descriptors, {} given",
+                msg.expected_fds(),
+                fds.len()
+            )));
+        }
         let bytes = msg.encode();
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let mut sent = 0;
