@@ -603,3 +603,45 @@ fn a_client_that_sends_descriptors_is_refused() {
     assert!(text.contains("sent file descriptors"), "{text}");
     assert!(!text.contains("GSHW\u{1}\u{0}\u{2}"), "no Welcome was sent");
 }
+
+/// A leaky consumer that keeps every buffer hits its budget (half of 4 slots): further frames
+/// skip it, and it sees them counted in its own frames-dropped, like the sink does.
+#[test]
+fn frames_skipped_at_the_budget_are_counted_on_both_sides() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("budget.sock");
+    let mut sink = sink_harness_with(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+        |e| e.set_property("slots", 4u32),
+    );
+    let src = src_harness(&sock, false);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..4 {
+        sink.push(gray_frame(n, 64, 48)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The harness keeps every buffer it receives: the consumer holds 2 frames and no more.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while src.element().unwrap().property::<u64>("frames-dropped") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the consumer never saw its drops"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(src.element().unwrap().property::<u64>("frames-dropped"), 2);
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    let clients = stats.get::<gst::Array>("clients").unwrap();
+    let c = clients.first().unwrap().get::<gst::Structure>().unwrap();
+    assert_eq!(c.get::<u64>("frames-dropped").unwrap(), 2);
+    assert_eq!(c.get::<u32>("held-slots").unwrap(), 2);
+    // The src waits for frames now; queries are still answered (it once held its lock while
+    // waiting, and this test hung).
+    let mut q = gst::query::Latency::new();
+    assert!(src.element().unwrap().query(&mut q));
+    assert!(q.result().0, "a live source");
+}

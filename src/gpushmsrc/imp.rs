@@ -33,7 +33,7 @@ use nix::sys::eventfd::EventFd;
 use once_cell::sync::Lazy;
 
 use crate::memory::wrap_slot_memory;
-use crate::ring::client::{ConnectOptions, Connection, Frame, Wait};
+use crate::ring::client::{ConnectOptions, Connection, Frame, Wait, WaitFds};
 use crate::ring::layout::NONE_U64;
 use crate::ring::{shm, Error};
 
@@ -176,35 +176,35 @@ impl GpuShmSrc {
 
     /// Waits for a producer on the same path and switches to it (reconnect=true). Buffers of
     /// the old producer stay valid downstream: they keep their mapping alive.
-    fn reconnect(&self, st: &mut Started, why: &str) -> Result<(), gst::FlowError> {
+    fn reconnect(
+        &self,
+        path: &std::path::Path,
+        opts: &ConnectOptions,
+        why: &str,
+    ) -> Result<Connection, gst::FlowError> {
         gst::element_imp_warning!(
             self,
             gst::ResourceError::Read,
             (
                 "{}; waiting for a producer on {} (reconnect=true)",
                 why,
-                st.path.display()
+                path.display()
             )
         );
         let opts = ConnectOptions {
             timeout: Duration::MAX,
-            ..st.opts.clone()
+            ..opts.clone()
         };
-        match Connection::connect(&st.path, &opts, self.wake_fd()) {
+        match Connection::connect(path, &opts, self.wake_fd()) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
                     imp = self,
                     "reconnected to {} as client {}",
-                    st.path.display(),
+                    path.display(),
                     conn.client_id()
                 );
-                st.dropped_base += st.conn.dropped();
-                st.conn = conn;
-                st.shift = None;
-                st.discont = true;
-                st.dropped_seen = 0;
-                Ok(())
+                Ok(conn)
             }
             Err(Error::Interrupted) => Err(gst::FlowError::Flushing),
             Err(e) => {
@@ -450,7 +450,7 @@ impl ObjectImpl for GpuShmSrc {
                     .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
-                    .blurb("Frames the producer skipped for this consumer because it fell behind (leaky mode)")
+                    .blurb("Frames the producer did not hand to this consumer: taken back because it fell behind (leaky), or skipped because it held its whole client-budget (or, lossless, for longer than max-wait)")
                     .read_only()
                     .build(),
             ]
@@ -700,52 +700,79 @@ impl PushSrcImpl for GpuShmSrc {
         &self,
         _buffer: Option<&mut gst::BufferRef>,
     ) -> Result<CreateSuccess, gst::FlowError> {
-        let mut guard = self.state();
-        let Some(st) = guard.as_mut() else {
-            return Err(gst::FlowError::Flushing);
-        };
+        // The state lock is held only between waits: property reads and queries (caps,
+        // latency) must never wait for the producer.
+        enum Next {
+            Wait(WaitFds),
+            Reconnect(PathBuf, ConnectOptions, String),
+        }
         loop {
-            match st.conn.try_next() {
-                Ok(Some(frame)) => {
-                    let caps = frame.caps.clone();
-                    self.update_caps(st, &caps)?;
-                    let buffer = self.build_buffer(st, frame)?;
-                    return Ok(CreateSuccess::NewBuffer(buffer));
-                }
-                Ok(None) if st.conn.is_eos() => {
-                    gst::debug!(CAT, imp = self, "producer sent EOS");
-                    return Err(gst::FlowError::Eos);
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    let why = match e {
-                        Error::Disconnected => format!(
-                            "The producer went away (gpushmsink stopped or crashed) after {} frames",
-                            st.received
-                        ),
-                        e => format!("Receiving from the producer failed: {e}"),
-                    };
-                    if !self.settings().reconnect {
-                        gst::element_imp_error!(self, gst::ResourceError::Read, ("{}", why));
-                        return Err(gst::FlowError::Error);
+            let next = {
+                let mut guard = self.state();
+                let Some(st) = guard.as_mut() else {
+                    return Err(gst::FlowError::Flushing);
+                };
+                match st.conn.try_next() {
+                    Ok(Some(frame)) => {
+                        let caps = frame.caps.clone();
+                        self.update_caps(st, &caps)?;
+                        let buffer = self.build_buffer(st, frame)?;
+                        return Ok(CreateSuccess::NewBuffer(buffer));
                     }
-                    self.reconnect(st, &why)?;
-                    continue;
+                    Ok(None) if st.conn.is_eos() => {
+                        gst::debug!(CAT, imp = self, "producer sent EOS");
+                        return Err(gst::FlowError::Eos);
+                    }
+                    Ok(None) => Next::Wait(st.conn.wait_fds()),
+                    Err(e) => {
+                        let why = match e {
+                            Error::Disconnected => format!(
+                                "The producer went away (gpushmsink stopped or crashed) after {} frames",
+                                st.received
+                            ),
+                            e => format!("Receiving from the producer failed: {e}"),
+                        };
+                        if !self.settings().reconnect {
+                            gst::element_imp_error!(self, gst::ResourceError::Read, ("{}", why));
+                            return Err(gst::FlowError::Error);
+                        }
+                        Next::Reconnect(st.path.clone(), st.opts.clone(), why)
+                    }
                 }
-            }
+            };
             let Some(wake) = self.wake_fd() else {
                 return Err(gst::FlowError::Flushing);
             };
-            match st.conn.wait(wake, None) {
-                Ok(Wait::Woken) => return Err(gst::FlowError::Flushing),
-                Ok(_) => {}
-                Err(e) => {
-                    gst::element_imp_error!(
-                        self,
-                        gst::ResourceError::Read,
-                        ("Waiting for frames failed: {}", e)
-                    );
-                    return Err(gst::FlowError::Error);
+            match next {
+                Next::Wait(fds) => {
+                    // The connection outlives this wait: only this thread replaces it, and
+                    // stop() runs after unlock() has ended the wait.
+                    let (r, socket) = fds.wait(wake, None).map_err(|e| {
+                        gst::element_imp_error!(
+                            self,
+                            gst::ResourceError::Read,
+                            ("Waiting for frames failed: {}", e)
+                        );
+                        gst::FlowError::Error
+                    })?;
+                    if r == Wait::Woken {
+                        return Err(gst::FlowError::Flushing);
+                    }
+                    if let Some(st) = self.state().as_mut() {
+                        st.conn.woke(r, socket);
+                    }
+                }
+                Next::Reconnect(path, opts, why) => {
+                    let conn = self.reconnect(&path, &opts, &why)?;
+                    let mut guard = self.state();
+                    let Some(st) = guard.as_mut() else {
+                        return Err(gst::FlowError::Flushing);
+                    };
+                    st.dropped_base += st.conn.dropped();
+                    st.conn = conn;
+                    st.shift = None;
+                    st.discont = true;
+                    st.dropped_seen = 0;
                 }
             }
         }

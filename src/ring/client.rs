@@ -4,7 +4,7 @@
 //! dropped, on whatever thread that happens.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -101,6 +101,58 @@ pub struct ConnectOptions {
     pub retry: Duration,
 }
 
+/// The descriptors of a connection to poll on. They stay open while the connection lives; the
+/// caller must not let it be dropped during a wait.
+#[derive(Clone, Copy)]
+pub struct WaitFds {
+    ready: RawFd,
+    socket: RawFd,
+}
+
+impl WaitFds {
+    fn of(c: &Connection) -> Self {
+        Self {
+            ready: c.ready.as_raw_fd(),
+            socket: c.socket_fd(),
+        }
+    }
+
+    /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
+    /// Returns also whether the socket was readable (or hung up).
+    pub fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
+        let t = match timeout {
+            Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
+                .unwrap_or(PollTimeout::MAX),
+            None => PollTimeout::NONE,
+        };
+        // SAFETY: the caller keeps the connection, which owns both descriptors, alive.
+        let (ready, sock) = unsafe {
+            (
+                BorrowedFd::borrow_raw(self.ready),
+                BorrowedFd::borrow_raw(self.socket),
+            )
+        };
+        let mut pfds = [
+            PollFd::new(wake, PollFlags::POLLIN),
+            PollFd::new(ready, PollFlags::POLLIN),
+            PollFd::new(sock, PollFlags::POLLIN),
+        ];
+        let n = match poll(&mut pfds, t) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => return Ok((Wait::Ready, true)),
+            Err(e) => return Err(Error::os("poll", e)),
+        };
+        if pfds[0].any().unwrap_or(false) {
+            return Ok((Wait::Woken, false));
+        }
+        if n == 0 {
+            return Ok((Wait::TimedOut, false));
+        }
+        Ok((Wait::Ready, pfds[2].any().unwrap_or(true)))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wait {
     /// Something may be ready: call `try_next` again.
     Ready,
@@ -394,37 +446,25 @@ impl Connection {
 
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
-        let t = match timeout {
-            Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
-                .unwrap_or(PollTimeout::MAX),
-            None => PollTimeout::NONE,
-        };
-        // SAFETY: the socket lives in self for the duration of the poll.
-        let sock = unsafe { BorrowedFd::borrow_raw(self.socket_fd()) };
-        let mut pfds = [
-            PollFd::new(wake, PollFlags::POLLIN),
-            PollFd::new(self.ready.as_fd(), PollFlags::POLLIN),
-            PollFd::new(sock, PollFlags::POLLIN),
-        ];
-        let n = match poll(&mut pfds, t) {
-            Ok(n) => n,
-            Err(nix::errno::Errno::EINTR) => {
-                self.socket_ready = true;
-                return Ok(Wait::Ready);
-            }
-            Err(e) => return Err(Error::os("poll", e)),
-        };
-        if pfds[0].any().unwrap_or(false) {
-            return Ok(Wait::Woken);
-        }
-        if n == 0 {
-            return Ok(Wait::TimedOut);
-        }
-        if pfds[2].any().unwrap_or(true) {
+        let w = WaitFds::of(self);
+        let (r, socket) = w.wait(wake, timeout)?;
+        self.woke(r, socket);
+        Ok(r)
+    }
+
+    /// What to poll on, for waiting without holding whatever lock guards this connection.
+    pub fn wait_fds(&self) -> WaitFds {
+        WaitFds::of(self)
+    }
+
+    /// Takes note of what a wait on `wait_fds()` returned.
+    pub fn woke(&mut self, r: Wait, socket_readable: bool) {
+        if socket_readable {
             self.socket_ready = true;
         }
-        shm::drain(&self.ready);
-        Ok(Wait::Ready)
+        if matches!(r, Wait::Ready) {
+            shm::drain(&self.ready);
+        }
     }
 
     pub fn ready_fd(&self) -> RawFd {
