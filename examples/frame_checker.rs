@@ -2,13 +2,15 @@
 //! A consumer app: `gpushmsrc ! appsink`, with no caps given. It reports the caps it got, the
 //! delivered frame rate and the cross-process latency (from the producer's publish stamp to
 //! arrival here, both CLOCK_MONOTONIC), and with --verify checks every byte of every frame
-//! against the pattern of pattern_producer and the PTS spacing.
+//! against the pattern of pattern_producer. PTS must never lie in the future of the pipeline's
+//! running time and never go backwards; with --exact-pts their spacing must also be the
+//! producer's (a producer that syncs to the clock).
 //!
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
 //! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
 //! --expect N (fail unless exactly N frames arrived), --print (one line per frame, with the sum
-//! of every byte of each plane),
+//! of every byte of each plane), --exact-pts (see above),
 //! --cudasum BACKEND (insert `cudasum backend=BACKEND` and check every sum it reports against
 //! a CPU computation over the same buffer; prints a CUDASTATS line), --no-reconnect (error out
 //! when the producer goes away instead of waiting for a new one). Warnings are printed as they
@@ -25,6 +27,7 @@ struct Args {
     frames: Option<u64>,
     expect: Option<u64>,
     print: bool,
+    exact_pts: bool,
     cudasum: Option<String>,
     no_reconnect: bool,
 }
@@ -41,6 +44,7 @@ fn parse() -> Result<Args, String> {
             "--verify" => a.verify = true,
             "--lossless" => a.lossless = true,
             "--print" => a.print = true,
+            "--exact-pts" => a.exact_pts = true,
             "--no-reconnect" => a.no_reconnect = true,
             "--cudasum" => a.cudasum = Some(v()?),
             _ => return Err(format!("unknown option {k}")),
@@ -141,6 +145,7 @@ fn main() {
     }
     let (mut n_frames, mut bad, mut pts_errors) = (0u64, 0u64, 0u64);
     let mut first: Option<(u64, gst::ClockTime)> = None;
+    let mut last_pts: Option<gst::ClockTime> = None;
     let mut last_n = None;
     let mut gaps = 0u64;
     let mut caps_seen = Vec::<String>::new();
@@ -166,12 +171,29 @@ fn main() {
         }
         last_n = Some(n);
         let pts = buffer.pts();
+        // Never in the future: a syncing sink must be able to play every frame.
+        let running = pipeline.current_running_time();
+        if let (Some(p), Some(r)) = (pts, running) {
+            if p > r + gst::ClockTime::from_mseconds(1) {
+                pts_errors += 1;
+                println!("PTS_IN_FUTURE n={n} pts={p} running_time={r}");
+            }
+        }
         // PTS are checked within continuous runs: a drop or a new producer starts a new one.
         if buffer.flags().contains(gst::BufferFlags::DISCONT) {
             first = None;
         }
+        if let (Some(p), Some(l)) = (pts, last_pts) {
+            if p < l {
+                pts_errors += 1;
+            }
+        }
+        last_pts = pts;
         match (first, pts, buffer.duration()) {
             (None, Some(p), _) => first = Some((n, p)),
+            // A producer running ahead of real time (not live, sync=false) is placed at its
+            // publish times: only a live or syncing producer's spacing is kept.
+            (Some(_), Some(_), Some(_)) if !a.exact_pts => {}
             (Some((n0, p0)), Some(p), Some(d)) => {
                 // Sources round n * 1s / fps while the duration is truncated: allow the
                 // truncation, under 1 ns per frame.

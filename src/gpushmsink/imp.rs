@@ -35,7 +35,7 @@ use once_cell::sync::Lazy;
 use super::pool::SlotPool;
 use super::server::{Event, Policy, Server};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
-use crate::ring::producer::FrameMeta;
+use crate::ring::producer::{FrameMeta, TimeCode};
 
 static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     gst::DebugCategory::new(
@@ -49,7 +49,10 @@ const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
 const DEFAULT_PERMS: u32 = 0o600;
 const DEFAULT_SLOTS: u32 = 8;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
-const DEFAULT_MAX_WAIT: u64 = 1_000_000_000;
+/// -1: one frame duration for a live stream, one second otherwise (see the property).
+const DEFAULT_MAX_WAIT: i64 = -1;
+/// What max-wait=-1 waits for a stream that is not live.
+const MAX_WAIT_NOT_LIVE: std::time::Duration = std::time::Duration::from_secs(1);
 const DEFAULT_CLIENT_BUDGET: u32 = 0;
 
 #[derive(Debug, Clone)]
@@ -59,7 +62,7 @@ struct Settings {
     perms: u32,
     slots: u32,
     cuda_device: i32,
-    max_wait: u64,
+    max_wait: i64,
     client_budget: u32,
 }
 
@@ -86,6 +89,8 @@ enum State {
         info: Option<gst_video::VideoInfo>,
         caps: Option<gst::Caps>,
         pool: Option<SlotPool>,
+        /// Whether upstream is live, asked once per caps.
+        live: Option<bool>,
     },
 }
 
@@ -117,15 +122,30 @@ impl GpuShmSink {
         }
     }
 
-    fn policy(&self) -> Policy {
+    /// The publishing policy for a frame of `frame_duration` in a stream that is `live` or not.
+    fn policy(&self, live: bool, frame_duration: Option<gst::ClockTime>) -> Policy {
         let s = self.settings();
+        let max_wait = match s.max_wait {
+            // A live source drops frames for everyone while the producer waits: wait about
+            // one frame for a stuck lossless consumer, not more.
+            -1 if live => frame_duration
+                .map(|d| std::time::Duration::from_nanos(d.nseconds()))
+                .unwrap_or(std::time::Duration::from_millis(40))
+                .clamp(
+                    std::time::Duration::from_millis(10),
+                    std::time::Duration::from_millis(200),
+                ),
+            -1 => MAX_WAIT_NOT_LIVE,
+            n if n >= 0 => std::time::Duration::from_nanos(n as u64),
+            _ => MAX_WAIT_NOT_LIVE,
+        };
         Policy {
             budget: if s.client_budget == 0 {
                 (s.slots / 2).max(1)
             } else {
                 s.client_budget.min(s.slots)
             } as usize,
-            max_wait: std::time::Duration::from_nanos(s.max_wait),
+            max_wait,
         }
     }
 
@@ -149,6 +169,9 @@ impl GpuShmSink {
                     .field("frames-sent", c.sent)
                     .field("frames-dropped", c.dropped)
                     .field("held-slots", c.held as u32)
+                    .field("frames-copied", c.copied)
+                    .field("lagging", c.lagging)
+                    .field("times-lagged", c.times_lagged)
                     .build()
             })
             .collect();
@@ -234,6 +257,7 @@ impl GpuShmSink {
             caps: cur_caps,
             pool,
             cuda,
+            live,
         } = &mut *state
         else {
             return Err(gst::loggable_error!(CAT, "Not started"));
@@ -265,6 +289,7 @@ impl GpuShmSink {
         }
         *cur_info = Some(info);
         *cur_caps = Some(caps.clone());
+        *live = None;
         Ok(())
     }
 
@@ -293,6 +318,21 @@ impl GpuShmSink {
             pts_clock: clock(buffer.pts()),
             dts_clock: clock(buffer.dts()),
             buffer_flags: buffer.flags().bits(),
+            latency: self.obj().latency().nseconds(),
+            timecode: buffer.meta::<gst_video::VideoTimeCodeMeta>().map(|m| {
+                let tc = m.tc();
+                let fps = tc.fps();
+                TimeCode {
+                    fps_n: fps.numer().max(0) as u32,
+                    fps_d: fps.denom().max(0) as u32,
+                    flags: tc.flags().bits(),
+                    hours: tc.hours(),
+                    minutes: tc.minutes(),
+                    seconds: tc.seconds(),
+                    frames: tc.frames(),
+                    field_count: tc.field_count(),
+                }
+            }),
             video_format: info.format().into_glib() as u32,
             width: info.width(),
             height: info.height(),
@@ -346,7 +386,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecUInt::builder("slots")
                     .nick("Slots")
-                    .blurb("Frames in the shared ring: upstream, the sink and every consumer share them")
+                    .blurb("Frames in the shared ring: upstream, the sink and every consumer share them. Memory: frame size x slots per producer (1080p NV12: 3 MiB a slot, 8 slots = 24 MiB), shared by every consumer. Any count works with any downstream: a consumer whose downstream keeps more frames than its client-budget gets copies of the rest")
                     .minimum(2)
                     .maximum(MAX_SLOTS)
                     .default_value(DEFAULT_SLOTS)
@@ -359,15 +399,16 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_CUDA_DEVICE)
                     .mutable_ready()
                     .build(),
-                glib::ParamSpecUInt64::builder("max-wait")
+                glib::ParamSpecInt64::builder("max-wait")
                     .nick("Max wait")
-                    .blurb("How long a lossless consumer holding its whole slot budget may hold the producer up, per frame, in nanoseconds. Past it the frame skips that consumer (counted as dropped) and a warning is posted")
+                    .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted): frames skip it, without waiting, until it has given back half its client-budget. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration for a live stream (other consumers see at most one frame late), 1 s otherwise; 0 = never wait (lossless behaves like leaky). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
+                    .minimum(-1)
                     .default_value(DEFAULT_MAX_WAIT)
                     .mutable_playing()
                     .build(),
                 glib::ParamSpecUInt::builder("client-budget")
                     .nick("Client budget")
-                    .blurb("Frames one consumer may hold at once (0 = half the slots). A leaky consumer at its budget skips frames; a lossless one makes the producer wait (max-wait). Either way the other consumers keep slots to run on")
+                    .blurb("Slots one consumer may reference at once (0 = half the slots). gpushmsrc keeps fewer than this zero-copy and copies further frames into system memory (counted as frames-copied), so downstream elements that keep frames (encoders, queues, sinks keeping their last buffer) never stall the stream. The other consumers always keep slots to run on")
                     .maximum(MAX_SLOTS)
                     .default_value(DEFAULT_CLIENT_BUDGET)
                     .mutable_playing()
@@ -379,7 +420,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped because it held its whole client-budget), and per-client counters")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged")
                     .read_only()
                     .build(),
             ]
@@ -418,6 +459,12 @@ impl ObjectImpl for GpuShmSink {
             "client-budget" => s.client_budget = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
+    }
+
+    fn constructed(&self) {
+        self.parent_constructed();
+        // The last buffer is a ring slot: keeping it would take a slot from upstream.
+        self.obj().set_enable_last_sample(false);
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
@@ -498,8 +545,11 @@ impl BaseSinkImpl for GpuShmSink {
                     gst::element_warning!(
                         obj,
                         gst::ResourceError::Busy,
-                        ("Lossless client {} held its whole slot budget for {:?} (max-wait): frames skip it until it catches up", id, waited)
+                        ("Lossless client {} took no frame for {:?} (max-wait): frames skip it, without waiting, until it catches up", id, waited)
                     );
+                }
+                Event::CaughtUp { id } => {
+                    gst::info!(CAT, obj = obj, "lossless client {id} caught up")
                 }
                 Event::Disconnected { id, reason } => {
                     if id == 0 {
@@ -539,6 +589,7 @@ impl BaseSinkImpl for GpuShmSink {
             info: None,
             caps: None,
             pool: None,
+            live: None,
         };
         Ok(())
     }
@@ -627,14 +678,21 @@ impl BaseSinkImpl for GpuShmSink {
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
         let wait = self.settings().wait_for_connection;
-        let (server, info, caps, pool) = match &*self.state() {
+        let (server, info, caps, pool, live) = match &*self.state() {
             State::Started {
                 server,
                 info: Some(info),
                 caps: Some(caps),
                 pool: Some(pool),
+                live,
                 ..
-            } => (server.clone(), info.clone(), caps.clone(), pool.clone()),
+            } => (
+                server.clone(),
+                info.clone(),
+                caps.clone(),
+                pool.clone(),
+                *live,
+            ),
             _ => {
                 gst::element_imp_error!(
                     self,
@@ -681,7 +739,26 @@ impl BaseSinkImpl for GpuShmSink {
                 meta.plane_stride[i] = info.stride()[i].max(0) as u32;
             }
         }
-        let policy = self.policy();
+        let live = live.unwrap_or_else(|| {
+            let live = self
+                .obj()
+                .query_latency()
+                .map(|(_, upstream_live, _, _)| upstream_live)
+                .unwrap_or(false);
+            if let State::Started { live: l, .. } = &mut *self.state() {
+                *l = Some(live);
+            }
+            live
+        });
+        let duration = frame.duration().or_else(|| {
+            let fps = info.fps();
+            (fps.numer() > 0).then(|| {
+                gst::ClockTime::SECOND
+                    .mul_div_floor(fps.denom() as u64, fps.numer() as u64)
+                    .unwrap_or(gst::ClockTime::ZERO)
+            })
+        });
+        let policy = self.policy(live, duration);
         let published = server.publish(gen, slot, meta, policy).map_err(|e| {
             gst::element_imp_error!(
                 self,

@@ -40,10 +40,14 @@ pub struct Policy {
 pub enum Event {
     /// Something to log.
     Info(String),
-    /// A lossless client was at its budget for max-wait: the frame was skipped for it.
+    /// A lossless client was at its budget for max-wait: frames skip it until it catches up.
     Lagging {
         id: u32,
         waited: Duration,
+    },
+    /// A lagging client gave back enough frames: it is served (and waited for) again.
+    CaughtUp {
+        id: u32,
     },
     Connected {
         id: u32,
@@ -72,6 +76,10 @@ pub struct ClientStats {
     pub sent: u64,
     pub dropped: u64,
     pub held: usize,
+    /// Frames the client copied out of the ring because downstream kept its zero-copy ones.
+    pub copied: u64,
+    pub lagging: bool,
+    pub times_lagged: u64,
 }
 
 struct SlotState {
@@ -95,6 +103,7 @@ struct Client {
     lossless: bool,
     sent: u64,
     lagging: bool,
+    times_lagged: u64,
     /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
     writable: bool,
 }
@@ -152,14 +161,14 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
-            return Err(Error::protocol(format!(
+            return Err(Error::Invalid(format!(
                 "{} exists and is not a socket; refusing to replace it",
                 path.display()
             )));
         }
         match UnixStream::connect(path) {
             Ok(_) => {
-                return Err(Error::protocol(format!(
+                return Err(Error::Invalid(format!(
                     "another producer is already serving {}; stop it or pick another socket-path",
                     path.display()
                 )))
@@ -301,6 +310,9 @@ impl Server {
                 sent: c.sent,
                 dropped: c.ch.dropped(),
                 held: c.ch.held_len() + c.ch.pending_len(),
+                copied: c.ch.copied(),
+                lagging: c.lagging,
+                times_lagged: c.times_lagged,
             })
             .collect();
         (inner.stats, clients)
@@ -454,8 +466,13 @@ impl Server {
         policy: Policy,
     ) -> Result<bool> {
         let mut guard = lock(&self.inner);
-        // Back-pressure from lossless clients, bounded by max-wait.
-        let deadline = Instant::now() + policy.max_wait;
+        for c in &guard.clients {
+            c.ch.set_budget(policy.budget as u32);
+        }
+        // Back-pressure from lossless clients, bounded by max-wait. A client that held the
+        // producer up for a whole max-wait is lagging: it is not waited for again until it
+        // has caught up, so a stuck consumer costs the others one max-wait, once.
+        let deadline = Instant::now().checked_add(policy.max_wait);
         let mut late: Vec<u32> = Vec::new();
         loop {
             let inner = &mut *guard;
@@ -464,7 +481,11 @@ impl Server {
             }
             let mut full = Vec::new();
             let mut failed = Vec::new();
-            for c in inner.clients.iter_mut().filter(|c| c.lossless) {
+            for c in inner
+                .clients
+                .iter_mut()
+                .filter(|c| c.lossless && !c.lagging)
+            {
                 match c.ch.sync_taken() {
                     Ok(()) if c.refs() >= policy.budget => full.push(c.id),
                     Ok(()) => {}
@@ -478,24 +499,29 @@ impl Server {
                 break;
             }
             let now = Instant::now();
-            if now >= deadline {
-                late = full;
-                break;
+            match deadline {
+                Some(d) if now >= d => {
+                    late = full;
+                    break;
+                }
+                Some(d) => {
+                    guard = self
+                        .released
+                        .wait_timeout(guard, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => guard = self.released.wait(guard).unwrap_or_else(|e| e.into_inner()),
             }
-            guard = self
-                .released
-                .wait_timeout(guard, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
         }
         let inner = &mut *guard;
         let ri = inner
             .rings
             .iter()
             .position(|r| r.ring.ring_gen() == ring_gen)
-            .ok_or_else(|| Error::protocol(format!("ring {ring_gen} is gone")))?;
+            .ok_or_else(|| Error::Invalid(format!("ring {ring_gen} is gone")))?;
         if inner.rings[ri].slots[slot as usize].client_refs != 0 {
-            return Err(Error::protocol(format!(
+            return Err(Error::Invalid(format!(
                 "slot {slot} is still held by consumers"
             )));
         }
@@ -515,14 +541,22 @@ impl Server {
         for c in inner.clients.iter_mut() {
             let r = (|| -> Result<bool> {
                 if late.contains(&c.id) {
-                    if !c.lagging {
-                        c.lagging = true;
-                        inner.events.push(Event::Lagging {
-                            id: c.id,
-                            waited: policy.max_wait,
-                        });
-                    }
+                    c.lagging = true;
+                    c.times_lagged += 1;
+                    inner.events.push(Event::Lagging {
+                        id: c.id,
+                        waited: policy.max_wait,
+                    });
                     return Ok(false);
+                }
+                if c.lagging {
+                    // Caught up once it gave back at least half of its budget.
+                    c.ch.sync_taken()?;
+                    if c.refs() > policy.budget / 2 {
+                        return Ok(false);
+                    }
+                    c.lagging = false;
+                    inner.events.push(Event::CaughtUp { id: c.id });
                 }
                 if !c.lossless {
                     // Keep a short backlog and stay within the budget: drop the oldest frames
@@ -549,7 +583,6 @@ impl Server {
             match r {
                 Ok(true) => {
                     c.sent += 1;
-                    c.lagging = false;
                     inner.rings[ri].slots[slot as usize].client_refs += 1;
                     shm::notify(&c.ready);
                 }
@@ -861,6 +894,7 @@ impl Server {
                 lossless: flags & FLAG_LOSSLESS != 0,
                 sent: 0,
                 lagging: false,
+                times_lagged: 0,
                 writable: flags & FLAG_WRITABLE_RING != 0,
             };
             Self::send_ring_and_caps(inner, &c)?;

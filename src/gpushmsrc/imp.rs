@@ -20,7 +20,8 @@
  */
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gst::glib;
@@ -29,15 +30,13 @@ use gst::subclass::prelude::*;
 use gst_base::prelude::*;
 use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
-use nix::sys::eventfd::EventFd;
 use once_cell::sync::Lazy;
 
-use crate::memory::wrap_slot_memory;
-use crate::ring::client::{ConnectOptions, Connection, Frame, Wait, WaitFds};
+use super::receiver::{Config, Item, Received, Receiver, Shared};
+use crate::ring::client::ConnectOptions;
 use crate::ring::layout::NONE_U64;
-use crate::ring::{shm, Error};
 
-static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
+pub(super) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     gst::DebugCategory::new(
         "gpushmsrc",
         gst::DebugColorFlags::empty(),
@@ -53,6 +52,14 @@ const DEFAULT_LOSSLESS: bool = false;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
 const DEFAULT_RECONNECT: bool = true;
 const DEFAULT_RECONNECT_INTERVAL: u64 = 100_000_000;
+const DEFAULT_MAX_SIZE_BUFFERS: u32 = 0;
+const DEFAULT_MAX_SIZE_BYTES: u64 = 256 << 20;
+const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
+/// How far past its publish time a frame's mapped timestamp may lie before the producer's
+/// timestamps are taken to be on another clock (or running ahead of real time). A producer
+/// that syncs publishes at or after its timestamps, give or take the system clock's early
+/// wake-up (up to 0.5 ms).
+const FUTURE_TOLERANCE: u64 = 1_000_000;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -62,6 +69,9 @@ struct Settings {
     cuda_device: i32,
     reconnect: bool,
     reconnect_interval: u64,
+    max_size_buffers: u32,
+    max_size_bytes: u64,
+    max_size_time: u64,
 }
 
 impl Default for Settings {
@@ -73,35 +83,41 @@ impl Default for Settings {
             cuda_device: DEFAULT_CUDA_DEVICE,
             reconnect: DEFAULT_RECONNECT,
             reconnect_interval: DEFAULT_RECONNECT_INTERVAL,
+            max_size_buffers: DEFAULT_MAX_SIZE_BUFFERS,
+            max_size_bytes: DEFAULT_MAX_SIZE_BYTES,
+            max_size_time: DEFAULT_MAX_SIZE_TIME,
         }
     }
 }
 
+/// How the producer's timestamps become ours, decided per producer connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mapping {
+    /// Not decided yet (no frame since this pipeline started playing).
+    Undecided,
+    /// Both pipelines run on this machine's monotonic clock: the producer's clock times are
+    /// ours, so the real latency shows.
+    Direct,
+    /// The producer's times are shifted by this many ns (they came from another clock, from
+    /// before this pipeline started, or run ahead of real time): each frame is placed at the
+    /// moment it was published, keeping the producer's spacing.
+    Shifted(i128),
+}
+
 struct Started {
-    conn: Connection,
+    receiver: Receiver,
     /// Caps string last set on the pad.
-    pad_caps: Option<std::sync::Arc<str>>,
-    info: Option<gst_video::VideoInfo>,
-    discont: bool,
-    dropped_seen: u64,
-    received: u64,
-    /// Added to the producer's clock times, fixed at the first frame.
-    shift: Option<u64>,
-    /// The GPU rings are registered with, if any.
-    cuda: Option<std::sync::Arc<crate::cuda::Device>>,
-    /// For reconnecting.
-    path: PathBuf,
-    /// Frames dropped on earlier connections.
-    dropped_base: u64,
-    opts: ConnectOptions,
+    pad_caps: Option<Arc<str>>,
+    mapping: Mapping,
+    serial: u64,
+    /// The latency this source last answered (ns).
+    answered_latency: Option<u64>,
+    clock_warned: bool,
 }
 
 pub struct GpuShmSrc {
     settings: Mutex<Settings>,
     state: Mutex<Option<Started>>,
-    /// Written by unlock() to get create() out of poll().
-    wake: once_cell::sync::OnceCell<EventFd>,
-    publish_caps: gst::Caps,
 }
 
 impl Default for GpuShmSrc {
@@ -109,8 +125,6 @@ impl Default for GpuShmSrc {
         Self {
             settings: Mutex::new(Settings::default()),
             state: Mutex::new(None),
-            wake: once_cell::sync::OnceCell::new(),
-            publish_caps: gst::Caps::new_empty_simple(PUBLISH_TIMESTAMP_CAPS),
         }
     }
 }
@@ -122,248 +136,118 @@ impl GpuShmSrc {
     fn state(&self) -> MutexGuard<'_, Option<Started>> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    /// Checks that the frame's layout matches its caps and lies inside its slot.
-    fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result<(), String> {
-        let m = &frame.meta;
-        if m.video_format != info.format().into_glib() as u32
-            || m.width != info.width()
-            || m.height != info.height()
-        {
-            return Err(format!(
-                "frame {} is {}x{} format {}, caps say {}x{} {}",
-                frame.seq,
-                m.width,
-                m.height,
-                m.video_format,
-                info.width(),
-                info.height(),
-                info.format()
-            ));
-        }
-        if m.n_planes != info.n_planes() {
-            return Err(format!(
-                "frame {} has {} planes, caps say {}",
-                frame.seq,
-                m.n_planes,
-                info.n_planes()
-            ));
-        }
-        let finfo = info.format_info();
-        for p in 0..info.n_planes() as usize {
-            // Rows of plane p: the tallest component stored in it.
-            let rows = (0..finfo.n_components())
-                .filter(|&c| finfo.plane()[c as usize] as usize == p)
-                .map(|c| info.comp_height(c as u8))
-                .max()
-                .unwrap_or(info.height()) as u64;
-            let end =
-                m.plane_offset[p].checked_add((m.plane_stride[p] as u64).saturating_mul(rows));
-            if end.is_none_or(|e| e > m.payload_size) {
-                return Err(format!(
-                    "frame {} plane {p} (offset {}, stride {}, {rows} rows) overruns its {} bytes",
-                    frame.seq, m.plane_offset[p], m.plane_stride[p], m.payload_size
-                ));
-            }
-        }
-        Ok(())
+    fn shared(&self) -> Option<Arc<Shared>> {
+        self.state().as_ref().map(|s| s.receiver.shared.clone())
     }
 
-    /// Written by unlock() to get create() and connect() out of poll(); made in start().
-    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        self.wake.get().map(std::os::fd::AsFd::as_fd)
+    /// The latency to answer: none added when buffers are stamped on arrival
+    /// (do-timestamp=true) or placed at their publish time; otherwise the producer pipeline's
+    /// own latency, which is how long after its timestamp a frame is published.
+    fn latency(&self, st: &Started) -> u64 {
+        if self.obj().does_timestamp() || matches!(st.mapping, Mapping::Shifted(_)) {
+            return 0;
+        }
+        match st.receiver.shared.latency.load(Ordering::Relaxed) {
+            NONE_U64 => 0,
+            l => l,
+        }
     }
 
-    /// Waits for a producer on the same path and switches to it (reconnect=true). Buffers of
-    /// the old producer stay valid downstream: they keep their mapping alive.
-    fn reconnect(
-        &self,
-        path: &std::path::Path,
-        opts: &ConnectOptions,
-        why: &str,
-    ) -> Result<Connection, gst::FlowError> {
+    /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
+    /// Never in the future: timestamps that would be are re-anchored to the publish time, with
+    /// one warning.
+    fn timestamp(&self, st: &mut Started, b: &mut gst::BufferRef, f: &Received) {
+        let obj = self.obj();
+        if obj.does_timestamp() {
+            return;
+        }
+        let m = &f.meta;
+        let (Some(clock), Some(base)) = (obj.clock(), obj.base_time()) else {
+            b.set_pts(clock_time(m.pts));
+            b.set_dts(clock_time(m.dts));
+            return;
+        };
+        if st.serial != f.conn_serial {
+            st.serial = f.conn_serial;
+            st.mapping = Mapping::Undecided;
+        }
+        let base = base.nseconds();
+        // The publish moment on our pipeline's clock (publish_ns is CLOCK_MONOTONIC; a bogus
+        // one falls back to our arrival stamp).
+        let now_ours = clock.time().nseconds();
+        let now_mono = crate::ring::monotonic_ns();
+        let published = if m.publish_ns <= now_mono {
+            m.publish_ns
+        } else {
+            f.arrival_ns
+        };
+        let pub_ours = now_ours.saturating_sub(now_mono.saturating_sub(published));
+        if m.pts_clock == NONE_U64 {
+            // No clock time: place it at its publish time.
+            b.set_pts(gst::ClockTime::from_nseconds(pub_ours.saturating_sub(base)));
+            b.set_dts(gst::ClockTime::NONE);
+            return;
+        }
+        if st.mapping == Mapping::Undecided && pub_ours >= base {
+            st.mapping = if m.pts_clock >= base && m.pts_clock <= pub_ours + FUTURE_TOLERANCE {
+                Mapping::Direct
+            } else {
+                if m.pts_clock > pub_ours {
+                    self.warn_clock(st, m.pts_clock - pub_ours);
+                }
+                Mapping::Shifted(pub_ours as i128 - m.pts_clock as i128)
+            };
+            self.post_latency_if_changed(st);
+        }
+        let shift = match st.mapping {
+            Mapping::Shifted(s) => s,
+            _ => 0,
+        };
+        let mut mapped = m.pts_clock as i128 + shift;
+        if mapped > (pub_ours + FUTURE_TOLERANCE) as i128 {
+            // Runs ahead of real time (a producer that is not live, with sync=false): place
+            // frames at their publish time from now on.
+            self.warn_clock(st, (mapped - pub_ours as i128) as u64);
+            let s = pub_ours as i128 - m.pts_clock as i128;
+            st.mapping = Mapping::Shifted(s);
+            mapped = pub_ours as i128;
+            self.post_latency_if_changed(st);
+        }
+        let running = |t: i128| gst::ClockTime::from_nseconds((t - base as i128).max(0) as u64);
+        b.set_pts(running(mapped));
+        b.set_dts(if m.dts_clock == NONE_U64 {
+            gst::ClockTime::NONE
+        } else {
+            let shift = mapped - m.pts_clock as i128;
+            Some(running(m.dts_clock as i128 + shift))
+        });
+    }
+
+    fn warn_clock(&self, st: &mut Started, ahead: u64) {
+        if std::mem::replace(&mut st.clock_warned, true) {
+            return;
+        }
         gst::element_imp_warning!(
             self,
-            gst::ResourceError::Read,
-            (
-                "{}; waiting for a producer on {} (reconnect=true)",
-                why,
-                path.display()
-            )
+            gst::StreamError::Format,
+            ("The producer's timestamps are {} ms ahead of when it publishes frames: frames are timestamped by when they were published", ahead / 1_000_000),
+            ["The producer's pipeline is not live and renders with sync=false, or it does not run on this machine's monotonic clock (GstSystemClock's default). Timestamps keep the producer's spacing where they can."]
         );
-        let opts = ConnectOptions {
-            timeout: Duration::MAX,
-            ..opts.clone()
-        };
-        match Connection::connect(path, &opts, self.wake_fd()) {
-            Ok(conn) => {
-                gst::info!(
-                    CAT,
-                    imp = self,
-                    "reconnected to {} as client {}",
-                    path.display(),
-                    conn.client_id()
-                );
-                Ok(conn)
-            }
-            Err(Error::Interrupted) => Err(gst::FlowError::Flushing),
-            Err(e) => {
-                gst::element_imp_error!(
-                    self,
-                    gst::ResourceError::OpenRead,
-                    ("Reconnecting failed: {}", e)
-                );
-                Err(gst::FlowError::Error)
-            }
-        }
     }
 
-    /// The device address of a frame, registering its ring with CUDA the first time one of its
-    /// frames is seen (once per mapping, never per frame).
-    fn cuda_ptr(&self, st: &Started, frame: &Frame) -> Option<crate::cudameta::CudaPtr> {
-        let dev = st.cuda.as_ref()?;
-        let ring = frame.lease.ring();
-        if ring.attachment().is_none() {
-            let (base, len) = ring.mapping();
-            // SAFETY: the registration is attached to the mapping and dropped before it.
-            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, true) };
-            match att.downcast_ref::<crate::cuda::register::NotRegistered>() {
-                Some(why) => gst::element_imp_warning!(
-                    self,
-                    gst::ResourceError::Settings,
-                    (
-                        "Cannot register the ring with {} ({}); CUDA elements will copy each frame",
-                        dev.name,
-                        why.0
-                    )
-                ),
-                None => gst::info!(
-                    CAT,
-                    imp = self,
-                    "ring {} ({} MiB) registered read-only with {}",
-                    ring.ring_gen(),
-                    len >> 20,
-                    dev.name
-                ),
-            }
-            ring.attach(att);
+    /// Tells the pipeline to ask again when our latency changed since it last asked.
+    fn post_latency_if_changed(&self, st: &mut Started) {
+        let now = self.latency(st);
+        if st.answered_latency.is_some_and(|a| a != now) {
+            st.answered_latency = Some(now);
+            let _ = self
+                .obj()
+                .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
         }
-        let (device_ptr, device) =
-            crate::cuda::register::device_ptr_in(ring.attachment(), frame.ptr)?;
-        Some(crate::cudameta::CudaPtr {
-            device,
-            device_ptr,
-            size: frame.meta.payload_size,
-            read_only: true,
-        })
-    }
-
-    fn build_buffer(&self, st: &mut Started, frame: Frame) -> Result<gst::Buffer, gst::FlowError> {
-        let Some(info) = st.info.clone() else {
-            return Err(gst::FlowError::NotNegotiated);
-        };
-        if let Err(msg) = Self::check_layout(&frame, &info) {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Decode,
-                ("The producer sent an invalid frame: {}", msg)
-            );
-            return Err(gst::FlowError::Error);
-        }
-        let m = frame.meta;
-        let size = m.payload_size as usize;
-        let cuda = self.cuda_ptr(st, &frame);
-        let mem = wrap_slot_memory(
-            frame.ptr as *mut u8,
-            size,
-            size,
-            true,
-            Box::new(frame.lease),
-        );
-        let mut buffer = gst::Buffer::new();
-        let obj = self.obj();
-        {
-            let b = buffer.get_mut().expect("new buffer is writable");
-            b.append_memory(mem);
-            let t = |v: u64| (v != NONE_U64).then(|| gst::ClockTime::from_nseconds(v));
-            if !obj.does_timestamp() {
-                // Map the producer's clock time to our running time; fall back to its PTS.
-                let base = obj.base_time().map(|b| b.nseconds());
-                if st.shift.is_none() && m.pts_clock != NONE_U64 {
-                    // A live producer's frames are stamped about now: no shift, so the real
-                    // latency shows. Frames stamped before our pipeline started (a producer
-                    // running ahead, or started long before us) are shifted to arrive now.
-                    let now = obj.clock().map_or(0, |c| c.time().nseconds());
-                    st.shift = Some(match base {
-                        Some(b) if m.pts_clock < b => now.saturating_sub(m.pts_clock),
-                        _ => 0,
-                    });
-                }
-                let shift = st.shift.unwrap_or(0);
-                let map = |clock: u64, raw: u64| match (clock != NONE_U64, base) {
-                    (true, Some(base)) => Some(gst::ClockTime::from_nseconds(
-                        (clock + shift).saturating_sub(base),
-                    )),
-                    _ => t(raw),
-                };
-                b.set_pts(map(m.pts_clock, m.pts));
-                b.set_dts(map(m.dts_clock, m.dts));
-            }
-            b.set_duration(t(m.duration));
-            b.set_offset(m.offset);
-            b.set_offset_end(m.offset_end);
-            let keep = gst::BufferFlags::DELTA_UNIT
-                | gst::BufferFlags::GAP
-                | gst::BufferFlags::DROPPABLE
-                | gst::BufferFlags::HEADER
-                | gst::BufferFlags::MARKER
-                | gst::BufferFlags::CORRUPTED;
-            let mut flags = gst::BufferFlags::from_bits_truncate(m.buffer_flags) & keep;
-            let dropped = st.conn.dropped();
-            if st.discont || dropped != st.dropped_seen {
-                flags |= gst::BufferFlags::DISCONT;
-                st.discont = false;
-                st.dropped_seen = dropped;
-            }
-            b.set_flags(flags);
-            let offsets: Vec<usize> = m.plane_offset[..m.n_planes as usize]
-                .iter()
-                .map(|&o| o as usize)
-                .collect();
-            let strides: Vec<i32> = m.plane_stride[..m.n_planes as usize]
-                .iter()
-                .map(|&s| s as i32)
-                .collect();
-            gst_video::VideoMeta::add_full(
-                b,
-                gst_video::VideoFrameFlags::empty(),
-                info.format(),
-                info.width(),
-                info.height(),
-                &offsets,
-                &strides,
-            )
-            .map_err(|_| gst::FlowError::Error)?;
-            gst::ReferenceTimestampMeta::add(
-                b,
-                &self.publish_caps,
-                gst::ClockTime::from_nseconds(m.publish_ns),
-                None,
-            );
-            if let Some(c) = cuda {
-                crate::cudameta::add(b, c);
-            }
-        }
-        st.received += 1;
-        Ok(buffer)
     }
 
     /// Sets new caps on the pad when the frame's caps differ from the current ones.
-    fn update_caps(
-        &self,
-        st: &mut Started,
-        caps_str: &std::sync::Arc<str>,
-    ) -> Result<(), gst::FlowError> {
+    fn update_caps(&self, st: &mut Started, caps_str: &Arc<str>) -> Result<(), gst::FlowError> {
         if st.pad_caps.as_ref() == Some(caps_str) {
             return Ok(());
         }
@@ -372,14 +256,6 @@ impl GpuShmSrc {
                 self,
                 gst::StreamError::Format,
                 ("The producer sent unparsable caps {}", caps_str)
-            );
-            gst::FlowError::NotNegotiated
-        })?;
-        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| {
-            gst::element_imp_error!(
-                self,
-                gst::StreamError::Format,
-                ("The producer sent unsupported caps {}", caps)
             );
             gst::FlowError::NotNegotiated
         })?;
@@ -393,12 +269,13 @@ impl GpuShmSrc {
             gst::FlowError::NotNegotiated
         })?;
         st.pad_caps = Some(caps_str.clone());
-        st.info = Some(info);
         Ok(())
     }
 }
 
-use gst::glib::translate::IntoGlib;
+fn clock_time(v: u64) -> Option<gst::ClockTime> {
+    (v != NONE_U64).then(|| gst::ClockTime::from_nseconds(v))
+}
 
 #[glib::object_subclass]
 impl ObjectSubclass for GpuShmSrc {
@@ -418,13 +295,13 @@ impl ObjectImpl for GpuShmSrc {
                     .build(),
                 glib::ParamSpecUInt64::builder("timeout")
                     .nick("Timeout")
-                    .blurb("How long to wait for a producer to appear on socket-path when starting, in nanoseconds (0 = try once; 18446744073709551615 = forever)")
+                    .blurb("How long to wait for a producer to appear on socket-path, in nanoseconds, before posting an error (0 = try once; 18446744073709551615 = forever). The wait happens in the streaming thread: setting the pipeline to PLAYING returns at once. Errors that waiting cannot fix (no permission, not a socket, a path too long) are posted at once")
                     .default_value(DEFAULT_TIMEOUT)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("lossless")
                     .nick("Lossless")
-                    .blurb("Receive every frame: the producer waits for this consumer. When false (leaky), a consumer that falls behind skips to the newest frames and never holds the producer up.")
+                    .blurb("Receive every frame: when this consumer's queue is full (max-size-*), the producer waits for it, up to the gpushmsink's max-wait. When false (leaky), a consumer that falls behind drops its oldest frames and never holds the producer up")
                     .default_value(DEFAULT_LOSSLESS)
                     .mutable_ready()
                     .build(),
@@ -448,9 +325,32 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_RECONNECT_INTERVAL)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt::builder("max-size-buffers")
+                    .nick("Max queued buffers")
+                    .blurb("Frames received but not yet pushed downstream (downstream blocked, e.g. a sink waiting on its clock) that this source keeps at most (0 = no limit). Past any max-size-* limit a leaky consumer drops its oldest queued frames; a lossless one stops taking frames, so the producer waits (max-wait)")
+                    .default_value(DEFAULT_MAX_SIZE_BUFFERS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("max-size-bytes")
+                    .nick("Max queued bytes")
+                    .blurb("Bytes of frames received but not yet pushed downstream that this source keeps at most (0 = no limit)")
+                    .default_value(DEFAULT_MAX_SIZE_BYTES)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecUInt64::builder("max-size-time")
+                    .nick("Max queued time")
+                    .blurb("Span of arrival times of frames received but not yet pushed downstream that this source keeps at most, in nanoseconds (0 = no limit)")
+                    .default_value(DEFAULT_MAX_SIZE_TIME)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
-                    .blurb("Frames the producer did not hand to this consumer: taken back because it fell behind (leaky), or skipped because it held its whole client-budget (or, lossless, for longer than max-wait)")
+                    .blurb("Frames this consumer did not get: taken back by the producer because it fell behind (leaky), skipped while it was lagging (lossless, past max-wait), or dropped from its own queue past max-size-* (leaky)")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("frames-copied")
+                    .nick("Frames copied")
+                    .blurb("Frames copied into system memory instead of pointing into the ring, because downstream kept as many zero-copy frames as the producer's client-budget allows")
                     .read_only()
                     .build(),
             ]
@@ -472,6 +372,9 @@ impl ObjectImpl for GpuShmSrc {
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
             "reconnect" => s.reconnect = value.get().expect("type checked"),
             "reconnect-interval" => s.reconnect_interval = value.get().expect("type checked"),
+            "max-size-buffers" => s.max_size_buffers = value.get().expect("type checked"),
+            "max-size-bytes" => s.max_size_bytes = value.get().expect("type checked"),
+            "max-size-time" => s.max_size_time = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -489,10 +392,13 @@ impl ObjectImpl for GpuShmSrc {
             "cuda-device-id" => self.settings().cuda_device.to_value(),
             "reconnect" => self.settings().reconnect.to_value(),
             "reconnect-interval" => self.settings().reconnect_interval.to_value(),
-            "frames-dropped" => self
-                .state()
-                .as_ref()
-                .map_or(0u64, |s| s.dropped_base + s.conn.dropped())
+            "max-size-buffers" => self.settings().max_size_buffers.to_value(),
+            "max-size-bytes" => self.settings().max_size_bytes.to_value(),
+            "max-size-time" => self.settings().max_size_time.to_value(),
+            "frames-dropped" => self.shared().map_or(0u64, |s| s.dropped()).to_value(),
+            "frames-copied" => self
+                .shared()
+                .map_or(0u64, |s| s.copied.load(Ordering::Relaxed))
                 .to_value(),
             _ => unimplemented!(),
         }
@@ -545,13 +451,6 @@ impl BaseSrcImpl for GpuShmSrc {
                 ("socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink")
             ));
         };
-        let wake = self.wake.get_or_try_init(shm::new_eventfd).map_err(|e| {
-            gst::error_msg!(
-                gst::ResourceError::Failed,
-                ("Cannot create an eventfd: {}", e)
-            )
-        })?;
-        shm::drain(wake);
         let cuda = match crate::cuda::device(s.cuda_device) {
             Ok(d) => {
                 gst::info!(CAT, imp = self, "{d:?}");
@@ -588,41 +487,41 @@ impl BaseSrcImpl for GpuShmSrc {
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
         };
-        let conn = Connection::connect(&path, &opts, self.wake_fd()).map_err(|e| {
+        // Connecting (and waiting for a producer) happens in the receiver thread: a pipeline
+        // can be stopped while it waits.
+        let receiver = Receiver::start(
+            &self.obj(),
+            Config {
+                path,
+                opts,
+                reconnect: s.reconnect,
+                max_buffers: s.max_size_buffers,
+                max_bytes: s.max_size_bytes,
+                max_time: s.max_size_time,
+                cuda,
+            },
+        )
+        .map_err(|e| {
             gst::error_msg!(
-                gst::ResourceError::OpenRead,
-                (
-                    "Could not connect to a gpushmsink at {}: {}",
-                    path.display(),
-                    e
-                )
+                gst::ResourceError::Failed,
+                ("Cannot start receiving: {}", e)
             )
         })?;
-        gst::info!(
-            CAT,
-            imp = self,
-            "connected to {} as client {}",
-            path.display(),
-            conn.client_id()
-        );
         *self.state() = Some(Started {
-            conn,
+            receiver,
             pad_caps: None,
-            info: None,
-            discont: true,
-            dropped_seen: 0,
-            received: 0,
-            shift: None,
-            cuda,
-            path,
-            opts,
-            dropped_base: 0,
+            mapping: Mapping::Undecided,
+            serial: 0,
+            answered_latency: None,
+            clock_warned: false,
         });
         Ok(())
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
-        *self.state() = None;
+        // Dropped outside the lock: stopping joins the receiver thread.
+        let old = self.state().take();
+        drop(old);
         Ok(())
     }
 
@@ -639,9 +538,8 @@ impl BaseSrcImpl for GpuShmSrc {
 
     fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
         let known = self
-            .state()
-            .as_ref()
-            .and_then(|s| s.conn.caps())
+            .shared()
+            .and_then(|s| s.caps.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .and_then(|c| gst::Caps::from_str(&c).ok());
         let caps = known.unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
         Some(match filter {
@@ -651,45 +549,41 @@ impl BaseSrcImpl for GpuShmSrc {
     }
 
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
-        // Caps are set from create() with each producer's caps; nothing to pick here.
-        let mut guard = self.state();
-        if let Some(st) = guard.as_mut() {
-            if let Some(caps) = st.conn.caps() {
-                self.update_caps(st, &caps)
-                    .map_err(|_| gst::loggable_error!(CAT, "Could not set the producer's caps"))?;
-            }
-        }
+        // Caps are set from create() with each frame's caps; nothing to pick here.
         Ok(())
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         if let gst::QueryViewMut::Latency(q) = query.view_mut() {
-            // A frame is available one frame duration after its timestamp at the earliest.
-            let frame = self
-                .state()
-                .as_ref()
-                .and_then(|s| s.info.as_ref().map(|i| i.fps()))
-                .filter(|f| f.numer() > 0)
-                .and_then(|f| {
-                    gst::ClockTime::SECOND.mul_div_floor(f.denom() as u64, f.numer() as u64)
-                })
-                .unwrap_or(gst::ClockTime::ZERO);
-            q.set(true, frame, gst::ClockTime::NONE);
+            let mut guard = self.state();
+            let latency = match guard.as_mut() {
+                Some(st) => {
+                    let l = self.latency(st);
+                    st.answered_latency = Some(l);
+                    l
+                }
+                None => 0,
+            };
+            q.set(
+                true,
+                gst::ClockTime::from_nseconds(latency),
+                gst::ClockTime::NONE,
+            );
             return true;
         }
         BaseSrcImplExt::parent_query(self, query)
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
-        if let Some(w) = self.wake.get() {
-            shm::notify(w);
+        if let Some(s) = self.shared() {
+            s.set_flushing(true);
         }
         Ok(())
     }
 
     fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
-        if let Some(w) = self.wake.get() {
-            shm::drain(w);
+        if let Some(s) = self.shared() {
+            s.set_flushing(false);
         }
         Ok(())
     }
@@ -700,80 +594,30 @@ impl PushSrcImpl for GpuShmSrc {
         &self,
         _buffer: Option<&mut gst::BufferRef>,
     ) -> Result<CreateSuccess, gst::FlowError> {
-        // The state lock is held only between waits: property reads and queries (caps,
-        // latency) must never wait for the producer.
-        enum Next {
-            Wait(WaitFds),
-            Reconnect(PathBuf, ConnectOptions, String),
-        }
-        loop {
-            let next = {
+        // Wait without the state lock: property reads and queries never wait for frames.
+        let shared = self.shared().ok_or(gst::FlowError::Flushing)?;
+        let (item, discont) = shared.pop().ok_or(gst::FlowError::Flushing)?;
+        match item {
+            Item::Frame(mut f) => {
                 let mut guard = self.state();
-                let Some(st) = guard.as_mut() else {
-                    return Err(gst::FlowError::Flushing);
-                };
-                match st.conn.try_next() {
-                    Ok(Some(frame)) => {
-                        let caps = frame.caps.clone();
-                        self.update_caps(st, &caps)?;
-                        let buffer = self.build_buffer(st, frame)?;
-                        return Ok(CreateSuccess::NewBuffer(buffer));
-                    }
-                    Ok(None) if st.conn.is_eos() => {
-                        gst::debug!(CAT, imp = self, "producer sent EOS");
-                        return Err(gst::FlowError::Eos);
-                    }
-                    Ok(None) => Next::Wait(st.conn.wait_fds()),
-                    Err(e) => {
-                        let why = match e {
-                            Error::Disconnected => format!(
-                                "The producer went away (gpushmsink stopped or crashed) after {} frames",
-                                st.received
-                            ),
-                            e => format!("Receiving from the producer failed: {e}"),
-                        };
-                        if !self.settings().reconnect {
-                            gst::element_imp_error!(self, gst::ResourceError::Read, ("{}", why));
-                            return Err(gst::FlowError::Error);
-                        }
-                        Next::Reconnect(st.path.clone(), st.opts.clone(), why)
+                let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
+                self.update_caps(st, &f.caps)?;
+                let mut buffer = std::mem::replace(&mut f.buffer, gst::Buffer::new());
+                {
+                    let b = buffer.make_mut();
+                    self.timestamp(st, b, &f);
+                    if discont {
+                        b.set_flags(gst::BufferFlags::DISCONT);
                     }
                 }
-            };
-            let Some(wake) = self.wake_fd() else {
-                return Err(gst::FlowError::Flushing);
-            };
-            match next {
-                Next::Wait(fds) => {
-                    // The connection outlives this wait: only this thread replaces it, and
-                    // stop() runs after unlock() has ended the wait.
-                    let (r, socket) = fds.wait(wake, None).map_err(|e| {
-                        gst::element_imp_error!(
-                            self,
-                            gst::ResourceError::Read,
-                            ("Waiting for frames failed: {}", e)
-                        );
-                        gst::FlowError::Error
-                    })?;
-                    if r == Wait::Woken {
-                        return Err(gst::FlowError::Flushing);
-                    }
-                    if let Some(st) = self.state().as_mut() {
-                        st.conn.woke(r, socket);
-                    }
-                }
-                Next::Reconnect(path, opts, why) => {
-                    let conn = self.reconnect(&path, &opts, &why)?;
-                    let mut guard = self.state();
-                    let Some(st) = guard.as_mut() else {
-                        return Err(gst::FlowError::Flushing);
-                    };
-                    st.dropped_base += st.conn.dropped();
-                    st.conn = conn;
-                    st.shift = None;
-                    st.discont = true;
-                    st.dropped_seen = 0;
-                }
+                self.post_latency_if_changed(st);
+                drop(f);
+                Ok(CreateSuccess::NewBuffer(buffer))
+            }
+            Item::Eos => Err(gst::FlowError::Eos),
+            Item::Error(msg) => {
+                self.post_error_message(msg);
+                Err(gst::FlowError::Error)
             }
         }
     }

@@ -3,6 +3,7 @@ use gst::glib;
 use gst::prelude::*;
 
 mod imp;
+mod receiver;
 pub use imp::PUBLISH_TIMESTAMP_CAPS;
 
 glib::wrapper! {

@@ -7,6 +7,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,11 +27,16 @@ struct Releaser {
     ch: ConsumerChannel,
     efd: EventFd,
     backlog: Mutex<Vec<Entry>>,
+    /// Leases alive now: frames we reference and have not given back.
+    leases: AtomicUsize,
+    /// Frames copied out of the ring instead of being kept zero-copy.
+    copied: AtomicU64,
 }
 
 impl Releaser {
     /// Gives `e` back, after any release still waiting.
     fn release(&self, e: Entry) {
+        self.leases.fetch_sub(1, Ordering::AcqRel);
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         backlog.push(e);
         self.write(&mut backlog);
@@ -215,6 +221,9 @@ impl Connection {
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
+                Err(e) if !connect_error_may_pass(path, &e) => {
+                    return Err(connect_error(path, &e));
+                }
                 Err(e) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -266,8 +275,8 @@ impl Connection {
                 queue_capacity,
             } => (client_id, queue_capacity),
             Message::Error { message } => {
-                return Err(Error::protocol(format!(
-                    "the producer refused us: {message}"
+                return Err(Error::Refused(format!(
+                    "the producer refused the connection: {message}"
                 )))
             }
             m => return Err(Error::protocol(format!("expected Welcome, got {m:?}"))),
@@ -290,6 +299,8 @@ impl Connection {
                 ch,
                 efd: release,
                 backlog: Mutex::new(Vec::new()),
+                leases: AtomicUsize::new(0),
+                copied: AtomicU64::new(0),
             }),
             rings: VecDeque::new(),
             caps: VecDeque::new(),
@@ -309,6 +320,39 @@ impl Connection {
     /// Frames the producer took back because we fell behind.
     pub fn dropped(&self) -> u64 {
         self.releaser.ch.dropped()
+    }
+
+    /// Frames of this connection we reference now (leases alive, wherever they are).
+    pub fn leases(&self) -> usize {
+        self.releaser.leases.load(Ordering::Acquire)
+    }
+
+    /// Frames the producer lets us reference at once (0: it did not say).
+    pub fn budget(&self) -> u32 {
+        self.releaser.ch.budget()
+    }
+
+    /// Whether the frame just taken should be copied out of the ring and given back at once:
+    /// true when it would leave no room in our budget for the next frame. Keeping fewer
+    /// zero-copy frames than the budget means we never hold the producer up, however many
+    /// frames downstream keeps.
+    /// Returns the frames referenced (the one just taken included) when it should.
+    pub fn should_copy(&self) -> Option<usize> {
+        let budget = self.budget() as usize;
+        let held = self.leases();
+        (budget > 0 && held >= budget).then_some(held)
+    }
+
+    /// Counts a frame copied out of the ring (reported to the producer's statistics too).
+    pub fn count_copy(&self) -> u64 {
+        let n = self.releaser.copied.fetch_add(1, Ordering::Relaxed) + 1;
+        self.releaser.ch.set_copied(n);
+        n
+    }
+
+    /// Frames copied out of the ring on this connection.
+    pub fn copied(&self) -> u64 {
+        self.releaser.copied.load(Ordering::Relaxed)
     }
 
     /// The newest caps the producer announced.
@@ -375,7 +419,7 @@ impl Connection {
                 }
                 Message::Eos => self.eos = true,
                 Message::Error { message } => {
-                    self.gone = Some(Error::protocol(format!(
+                    self.gone = Some(Error::Refused(format!(
                         "the producer closed the connection: {message}"
                     )));
                 }
@@ -413,6 +457,7 @@ impl Connection {
                 })?
             }
         };
+        self.releaser.leases.fetch_add(1, Ordering::AcqRel);
         let lease = SlotLease {
             entry: e,
             ring: ring.clone(),
@@ -469,5 +514,49 @@ impl Connection {
 
     pub fn ready_fd(&self) -> RawFd {
         self.ready.as_raw_fd()
+    }
+}
+
+/// Whether a failed connect() may succeed later: nobody listens yet (no socket file, or a
+/// stale one). Anything else (no permission, not a socket, a path too long) will not fix
+/// itself.
+fn connect_error_may_pass(path: &Path, e: &std::io::Error) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    match e.raw_os_error().map(nix::errno::Errno::from_raw) {
+        Some(nix::errno::Errno::ENOENT) => true,
+        // Linux answers ECONNREFUSED for a regular file or a directory too.
+        Some(nix::errno::Errno::ECONNREFUSED) => {
+            std::fs::metadata(path).is_ok_and(|m| m.file_type().is_socket())
+        }
+        _ => false,
+    }
+}
+
+/// A readable error for a connect() that will not succeed by waiting.
+fn connect_error(path: &Path, e: &std::io::Error) -> Error {
+    use std::os::unix::fs::FileTypeExt;
+    let p = path.display();
+    if let Ok(m) = std::fs::metadata(path) {
+        if m.is_dir() {
+            return Error::Invalid(format!(
+                "{p} is a directory, not a gpushmsink socket; set socket-path to the producer's socket-path"
+            ));
+        }
+        if !m.file_type().is_socket() {
+            return Error::Invalid(format!(
+                "{p} is not a socket (a regular file or other node); set socket-path to the producer's socket-path"
+            ));
+        }
+    }
+    match e.raw_os_error().map(nix::errno::Errno::from_raw) {
+        Some(nix::errno::Errno::EACCES) | Some(nix::errno::Errno::EPERM) => Error::Invalid(format!(
+            "no permission to connect to {p}: the producer's socket (perms on gpushmsink) or a directory on the path does not allow this user"
+        )),
+        None if e.kind() == std::io::ErrorKind::InvalidInput => Error::Invalid(format!(
+            "socket path {p} is too long: unix socket paths hold at most {} bytes",
+            super::MAX_SOCKET_PATH
+        )),
+        Some(errno) => Error::os(format!("cannot connect to {p}"), errno),
+        None => Error::Invalid(format!("cannot connect to {p}: {e}")),
     }
 }

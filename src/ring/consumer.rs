@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use memmap2::{Mmap, MmapMut};
 
 use super::layout::*;
-use super::producer::{Base, Entry, FrameMeta};
+use super::producer::{Base, Entry, FrameMeta, TimeCode};
 use super::{shm, Error, Result};
 
 /// The mapping, kept alive; `ptr` is its first byte.
@@ -241,6 +241,20 @@ impl ConsumerRing {
             m.plane_offset[i] = d.plane_offset[i].load(r);
             m.plane_stride[i] = d.plane_stride[i].load(r);
         }
+        m.latency = d.latency.load(r);
+        let tc_flags = d.tc_flags.load(r);
+        if tc_flags & TC_PRESENT != 0 {
+            m.timecode = Some(TimeCode {
+                flags: tc_flags >> 8,
+                fps_n: d.tc_fps_n.load(r),
+                fps_d: d.tc_fps_d.load(r),
+                hours: d.tc_hours.load(r),
+                minutes: d.tc_minutes.load(r),
+                seconds: d.tc_seconds.load(r),
+                frames: d.tc_frames.load(r),
+                field_count: d.tc_field_count.load(r),
+            });
+        }
         // A producer rewriting the slot while we read it is a bug on its side; catch it.
         std::sync::atomic::fence(Ordering::Acquire);
         if d.seq.load(Ordering::Relaxed) != e.seq {
@@ -372,6 +386,21 @@ impl ConsumerChannel {
     /// Frames the producer took back because we fell behind.
     pub fn dropped(&self) -> u64 {
         self.header().dropped.load(Ordering::Relaxed)
+    }
+
+    /// Frames we may reference at once, as the producer says (0: not said, or nonsense).
+    pub fn budget(&self) -> u32 {
+        let b = self.header().budget.load(Ordering::Relaxed);
+        if b > MAX_SLOTS {
+            0
+        } else {
+            b
+        }
+    }
+
+    /// Tells the producer how many frames we copied out of the ring so far.
+    pub fn set_copied(&self, n: u64) {
+        self.header().copied.store(n, Ordering::Relaxed);
     }
 
     /// Gives a frame back. Returns false if the release queue is full (the producer has not

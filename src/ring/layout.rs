@@ -30,7 +30,7 @@ pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMR1");
 /// "GPUSHMC1" little-endian.
 pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
 /// Bumped whenever any struct in this file changes.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 pub const MAX_PLANES: usize = 4;
 /// Upper bound for the slot count of one ring.
@@ -100,8 +100,25 @@ pub struct SlotDesc {
     pub n_planes: AtomicU32,
     pub plane_offset: [AtomicU64; MAX_PLANES],
     pub plane_stride: [AtomicU32; MAX_PLANES],
-    pub _reserved: [AtomicU64; 13],
+    /// The producer pipeline's latency (ns): how long after its PTS a frame is published at
+    /// the earliest. `NONE_U64` when unknown.
+    pub latency: AtomicU64,
+    /// GstVideoTimeCode of the frame, when `tc_flags` has [`TC_PRESENT`]: flags (bit 0
+    /// present, bits 8.. GstVideoTimeCodeFlags), fps_n, fps_d, hours, minutes, seconds,
+    /// frames, field_count.
+    pub tc_flags: AtomicU32,
+    pub tc_fps_n: AtomicU32,
+    pub tc_fps_d: AtomicU32,
+    pub tc_hours: AtomicU32,
+    pub tc_minutes: AtomicU32,
+    pub tc_seconds: AtomicU32,
+    pub tc_frames: AtomicU32,
+    pub tc_field_count: AtomicU32,
+    pub _reserved: [AtomicU64; 8],
 }
+
+/// `SlotDesc::tc_flags` bit: the frame carries a time code.
+pub const TC_PRESENT: u32 = 1;
 
 /// Head of a client memfd.
 #[repr(C)]
@@ -120,7 +137,14 @@ pub struct ClientHeader {
     /// Frames this client did not get: revoked because it fell behind, or skipped because it
     /// held its whole budget.
     pub dropped: AtomicU64,
-    pub _reserved: [AtomicU64; 9],
+    /// Frames this client may reference at once (producer): the client keeps fewer zero-copy
+    /// frames than this and copies the rest, so that it never holds the producer up.
+    pub budget: AtomicU32,
+    pub _reserved0: AtomicU32,
+    /// Frames the client copied out of the ring instead of keeping them zero-copy (client;
+    /// a statistic the producer only reports).
+    pub copied: AtomicU64,
+    pub _reserved: [AtomicU64; 7],
 }
 
 /// One frame handed to, or given back by, a client.
@@ -147,6 +171,10 @@ const _: () = assert!(offset_of!(SlotDesc, plane_offset) == 104);
 const _: () = assert!(offset_of!(SlotDesc, plane_stride) == 136);
 const _: () = assert!(offset_of!(ClientHeader, wpos) == 16);
 const _: () = assert!(offset_of!(ClientHeader, dropped) == 48);
+const _: () = assert!(offset_of!(ClientHeader, budget) == 56);
+const _: () = assert!(offset_of!(ClientHeader, copied) == 64);
+const _: () = assert!(offset_of!(SlotDesc, latency) == 152);
+const _: () = assert!(offset_of!(SlotDesc, tc_flags) == 160);
 
 /// Geometry of a ring memfd, computed by the producer and re-derived and checked by consumers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

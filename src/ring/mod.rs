@@ -34,6 +34,11 @@ pub enum Error {
     Timeout(String),
     /// The wait was interrupted on purpose (unlock, shutdown).
     Interrupted,
+    /// A local request that cannot work (a path too long, a size out of range): retrying does
+    /// not help.
+    Invalid(String),
+    /// The peer refused us or closed the connection, saying why.
+    Refused(String),
 }
 
 impl Error {
@@ -60,6 +65,7 @@ impl fmt::Display for Error {
             Error::Disconnected => write!(f, "the peer closed the connection"),
             Error::Timeout(m) => write!(f, "timed out: {m}"),
             Error::Interrupted => write!(f, "interrupted"),
+            Error::Invalid(m) | Error::Refused(m) => write!(f, "{m}"),
         }
     }
 }
@@ -67,6 +73,9 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// Longest unix socket path, in bytes (sun_path holds 108 including the final NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock GStreamer's system clock uses by default, so
 /// stamps taken in two processes compare directly.

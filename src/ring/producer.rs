@@ -36,6 +36,23 @@ pub struct FrameMeta {
     pub n_planes: u32,
     pub plane_offset: [u64; MAX_PLANES],
     pub plane_stride: [u32; MAX_PLANES],
+    /// The producer pipeline's latency in ns (`NONE_U64`: unknown).
+    pub latency: u64,
+    pub timecode: Option<TimeCode>,
+}
+
+/// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimeCode {
+    pub fps_n: u32,
+    pub fps_d: u32,
+    /// GstVideoTimeCodeFlags bits.
+    pub flags: u32,
+    pub hours: u32,
+    pub minutes: u32,
+    pub seconds: u32,
+    pub frames: u32,
+    pub field_count: u32,
 }
 
 /// One frame in flight: frame `seq` sits in `slot` of ring `ring_gen`.
@@ -69,7 +86,7 @@ pub struct ProducerRing {
 impl ProducerRing {
     pub fn create(ring_gen: u32, slot_count: u32, min_slot_size: u64) -> Result<Self> {
         let geom = RingGeometry::new(slot_count, min_slot_size).ok_or_else(|| {
-            Error::protocol(format!(
+            Error::Invalid(format!(
                 "cannot build a ring of {slot_count} slots of {min_slot_size} bytes \
                  (1..={MAX_SLOTS} slots of at most {MAX_SLOT_SIZE} bytes)"
             ))
@@ -208,6 +225,17 @@ impl ProducerRing {
             d.plane_offset[i].store(m.plane_offset[i], r);
             d.plane_stride[i].store(m.plane_stride[i], r);
         }
+        d.latency.store(m.latency, r);
+        let tc = m.timecode.unwrap_or_default();
+        let present = if m.timecode.is_some() { TC_PRESENT } else { 0 };
+        d.tc_flags.store(present | tc.flags << 8, r);
+        d.tc_fps_n.store(tc.fps_n, r);
+        d.tc_fps_d.store(tc.fps_d, r);
+        d.tc_hours.store(tc.hours, r);
+        d.tc_minutes.store(tc.minutes, r);
+        d.tc_seconds.store(tc.seconds, r);
+        d.tc_frames.store(tc.frames, r);
+        d.tc_field_count.store(tc.field_count, r);
         d.seq.store(seq, Ordering::Release);
     }
 }
@@ -307,6 +335,16 @@ impl ClientChannel {
     /// Frames the client did not get: revoked because it fell behind, or skipped.
     pub fn dropped(&self) -> u64 {
         self.dropped
+    }
+
+    /// Tells the client how many frames it may reference at once.
+    pub fn set_budget(&self, budget: u32) {
+        self.header().budget.store(budget, Ordering::Relaxed);
+    }
+
+    /// Frames the client says it copied out of the ring (its own count, only reported).
+    pub fn copied(&self) -> u64 {
+        self.header().copied.load(Ordering::Relaxed)
     }
 
     /// Counts a frame this client does not get (it holds its whole budget), where the

@@ -1,0 +1,701 @@
+// SPDX-License-Identifier: MPL-2.0
+//! gpushmsrc's receiver thread: connects, takes every frame from the ring the moment it
+//! arrives, whatever downstream is doing, and queues it for `create()`.
+//!
+//! Two rules keep downstream from ever stalling the stream or other consumers:
+//! - Frames are taken from the ring as they come, so a downstream element that blocks (a sink
+//!   waiting on its clock, a queue with a threshold) delays only this consumer's queue, bounded
+//!   by the `max-size-*` properties (leaky: the oldest queued frames go; lossless: the
+//!   producer waits, up to its max-wait).
+//! - A frame is kept zero-copy only while this consumer references fewer frames than the
+//!   budget the producer gives it; further frames are copied into system memory (one memcpy)
+//!   and their slot goes back at once. Downstream elements that keep frames (encoders, queues,
+//!   sinks keeping their last buffer) therefore never make the producer skip or wait.
+
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use gst::glib;
+use gst::glib::translate::IntoGlib;
+use gst::prelude::*;
+use nix::sys::eventfd::EventFd;
+
+use super::imp::CAT;
+use crate::memory::wrap_slot_memory;
+use crate::ring::client::{ConnectOptions, Connection, Frame, Wait};
+use crate::ring::layout::NONE_U64;
+use crate::ring::producer::FrameMeta;
+use crate::ring::{shm, Error};
+
+/// What the receiver needs to know, fixed at start().
+#[derive(Clone)]
+pub(super) struct Config {
+    pub path: PathBuf,
+    pub opts: ConnectOptions,
+    pub reconnect: bool,
+    pub max_buffers: u32,
+    pub max_bytes: u64,
+    pub max_time: u64,
+    pub cuda: Option<Arc<crate::cuda::Device>>,
+}
+
+/// A frame as it arrived: memory, flags and metas set, timestamps not yet (they depend on
+/// the pipeline's base time when it is pushed).
+pub(super) struct Received {
+    pub buffer: gst::Buffer,
+    pub meta: FrameMeta,
+    pub caps: Arc<str>,
+    /// CLOCK_MONOTONIC when the receiver took it from the ring.
+    pub arrival_ns: u64,
+    /// Which connection it came from (timestamps are mapped per producer).
+    pub conn_serial: u64,
+}
+
+pub(super) enum Item {
+    Frame(Received),
+    Eos,
+    Error(gst::ErrorMessage),
+}
+
+#[derive(Default)]
+struct Queue {
+    items: VecDeque<Item>,
+    bytes: u64,
+    flushing: bool,
+    stopping: bool,
+    /// Frames were dropped from this queue since the last one popped.
+    discont: bool,
+}
+
+/// State shared between the receiver thread, the streaming thread and property reads.
+#[derive(Default)]
+pub(super) struct Shared {
+    q: Mutex<Queue>,
+    cond: Condvar,
+    /// The newest caps the producer announced, for caps queries.
+    pub caps: Mutex<Option<Arc<str>>>,
+    /// The producer pipeline's latency from its newest frame (`NONE_U64`: unknown).
+    pub latency: AtomicU64,
+    /// Frames the producer did not hand us, over every connection.
+    pub producer_dropped: AtomicU64,
+    /// Frames dropped from our own queue (leaky, downstream blocked past max-size-*).
+    pub queue_dropped: AtomicU64,
+    /// Frames copied out of the ring because downstream kept our zero-copy ones.
+    pub copied: AtomicU64,
+    pub received: AtomicU64,
+}
+
+impl Shared {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next item; `None` when flushing or stopping. Also says whether frames were dropped
+    /// from the queue before it.
+    pub fn pop(&self) -> Option<(Item, bool)> {
+        let mut q = self.queue();
+        loop {
+            if q.flushing || q.stopping {
+                return None;
+            }
+            if let Some(item) = q.items.pop_front() {
+                if let Item::Frame(f) = &item {
+                    q.bytes = q.bytes.saturating_sub(f.buffer.size() as u64);
+                }
+                let discont = std::mem::take(&mut q.discont);
+                drop(q);
+                self.cond.notify_all();
+                return Some((item, discont));
+            }
+            q = self.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    pub fn set_flushing(&self, flushing: bool) {
+        self.queue().flushing = flushing;
+        self.cond.notify_all();
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.producer_dropped.load(Ordering::Relaxed) + self.queue_dropped.load(Ordering::Relaxed)
+    }
+}
+
+/// The receiver thread and what it shares. Dropping it stops the thread.
+pub(super) struct Receiver {
+    pub shared: Arc<Shared>,
+    stop: Arc<EventFd>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Receiver {
+    pub fn start(element: &super::GpuShmSrc, cfg: Config) -> Result<Self, Error> {
+        let shared = Arc::new(Shared {
+            latency: AtomicU64::new(NONE_U64),
+            ..Default::default()
+        });
+        let stop = Arc::new(shm::new_eventfd()?);
+        let mut worker = Worker {
+            element: element.downgrade(),
+            cfg,
+            shared: shared.clone(),
+            stop: stop.clone(),
+            serial: 0,
+            info: None,
+            discont: true,
+            dropped_seen: 0,
+            dropped_base: 0,
+            copy_warned: false,
+        };
+        let thread = std::thread::Builder::new()
+            .name("gpushmsrc-recv".into())
+            .spawn(move || worker.run())
+            .map_err(|e| {
+                Error::os(
+                    "spawning the receiver thread",
+                    nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+                )
+            })?;
+        Ok(Self {
+            shared,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        self.shared.queue().stopping = true;
+        self.shared.cond.notify_all();
+        shm::notify(&self.stop);
+        if let Some(t) = self.thread.take() {
+            // The thread may hold the last reference to the element for a moment: never
+            // join it from itself.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+        self.shared.queue().items.clear();
+    }
+}
+
+struct Worker {
+    element: glib::WeakRef<super::GpuShmSrc>,
+    cfg: Config,
+    shared: Arc<Shared>,
+    stop: Arc<EventFd>,
+    serial: u64,
+    /// Video info of the caps string last seen.
+    info: Option<(Arc<str>, gst_video::VideoInfo)>,
+    discont: bool,
+    dropped_seen: u64,
+    dropped_base: u64,
+    copy_warned: bool,
+}
+
+impl Worker {
+    fn run(&mut self) {
+        let mut conn =
+            match Connection::connect(&self.cfg.path, &self.cfg.opts, Some(self.stop.as_fd())) {
+                Ok(c) => c,
+                Err(Error::Interrupted) => return,
+                Err(e) => {
+                    self.push(Item::Error(gst::error_msg!(
+                        gst::ResourceError::OpenRead,
+                        (
+                            "Could not connect to a gpushmsink at {}: {}",
+                            self.cfg.path.display(),
+                            e
+                        )
+                    )));
+                    return;
+                }
+            };
+        gst::info!(
+            CAT,
+            "connected to {} as client {}",
+            self.cfg.path.display(),
+            conn.client_id()
+        );
+        loop {
+            self.shared
+                .producer_dropped
+                .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
+            if let Some(c) = conn.caps() {
+                *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+            }
+            match conn.try_next() {
+                Ok(Some(frame)) => {
+                    let arrival_ns = crate::ring::monotonic_ns();
+                    let item = match self.build(&conn, frame, arrival_ns) {
+                        Ok(r) => Item::Frame(r),
+                        Err(e) => Item::Error(e),
+                    };
+                    let fatal = matches!(item, Item::Error(_));
+                    if !self.push(item) || fatal {
+                        return;
+                    }
+                }
+                Ok(None) if conn.is_eos() => {
+                    gst::debug!(CAT, "producer sent EOS");
+                    self.push(Item::Eos);
+                    // Nothing more comes for this pipeline: wait to be stopped.
+                    let mut pfd = [nix::poll::PollFd::new(
+                        self.stop.as_fd(),
+                        nix::poll::PollFlags::POLLIN,
+                    )];
+                    while !self.shared.queue().stopping {
+                        let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::NONE);
+                    }
+                    return;
+                }
+                Ok(None) => match conn.wait(self.stop.as_fd(), None) {
+                    Ok(Wait::Woken) => return,
+                    Ok(_) => {}
+                    Err(e) => {
+                        self.push(Item::Error(gst::error_msg!(
+                            gst::ResourceError::Read,
+                            ("Waiting for frames failed: {}", e)
+                        )));
+                        return;
+                    }
+                },
+                Err(e) => {
+                    let received = self.shared.received.load(Ordering::Relaxed);
+                    let why = match e {
+                        Error::Disconnected => format!(
+                            "The producer went away (gpushmsink stopped or crashed) after {received} frames"
+                        ),
+                        e => format!("Receiving from the producer failed: {e}"),
+                    };
+                    if !self.cfg.reconnect {
+                        self.push(Item::Error(gst::error_msg!(
+                            gst::ResourceError::Read,
+                            ("{}", why)
+                        )));
+                        return;
+                    }
+                    self.dropped_base += conn.dropped();
+                    match self.reconnect(&why) {
+                        Some(c) => conn = c,
+                        None => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for a producer on the same path (reconnect=true). Buffers of the old producer
+    /// stay valid downstream: they keep their mapping alive.
+    fn reconnect(&mut self, why: &str) -> Option<Connection> {
+        if let Some(el) = self.element.upgrade() {
+            gst::element_warning!(
+                el,
+                gst::ResourceError::Read,
+                (
+                    "{}; waiting for a producer on {} (reconnect=true)",
+                    why,
+                    self.cfg.path.display()
+                )
+            );
+        }
+        let opts = ConnectOptions {
+            timeout: Duration::MAX,
+            ..self.cfg.opts.clone()
+        };
+        match Connection::connect(&self.cfg.path, &opts, Some(self.stop.as_fd())) {
+            Ok(conn) => {
+                gst::info!(
+                    CAT,
+                    "reconnected to {} as client {}",
+                    self.cfg.path.display(),
+                    conn.client_id()
+                );
+                self.serial += 1;
+                self.discont = true;
+                self.dropped_seen = 0;
+                Some(conn)
+            }
+            Err(Error::Interrupted) => None,
+            Err(e) => {
+                self.push(Item::Error(gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    ("Reconnecting failed: {}", e)
+                )));
+                None
+            }
+        }
+    }
+
+    /// Queues `item`. Past the queue's limits a leaky consumer drops its oldest frames and a
+    /// lossless one waits (so the producer's back-pressure applies). False when stopping.
+    fn push(&mut self, item: Item) -> bool {
+        let mut q = self.shared.queue();
+        if let Item::Frame(f) = &item {
+            let size = f.buffer.size() as u64;
+            loop {
+                if q.stopping {
+                    return false;
+                }
+                if !self.full(&q, size, f.arrival_ns) {
+                    break;
+                }
+                if self.cfg.opts.lossless {
+                    q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
+                let Some(pos) = q.items.iter().position(|i| matches!(i, Item::Frame(_))) else {
+                    break;
+                };
+                if let Some(Item::Frame(old)) = q.items.remove(pos) {
+                    q.bytes = q.bytes.saturating_sub(old.buffer.size() as u64);
+                }
+                q.discont = true;
+                self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            q.bytes += size;
+        } else if q.stopping {
+            return false;
+        }
+        q.items.push_back(item);
+        drop(q);
+        self.shared.cond.notify_all();
+        true
+    }
+
+    /// Whether a frame of `size` bytes arriving at `arrival_ns` exceeds the queue's limits.
+    fn full(&self, q: &Queue, size: u64, arrival_ns: u64) -> bool {
+        let frames = q
+            .items
+            .iter()
+            .filter(|i| matches!(i, Item::Frame(_)))
+            .count();
+        if frames == 0 {
+            return false;
+        }
+        let c = &self.cfg;
+        if c.max_buffers > 0 && frames >= c.max_buffers as usize {
+            return true;
+        }
+        if c.max_bytes > 0 && q.bytes + size > c.max_bytes {
+            return true;
+        }
+        let oldest = q.items.iter().find_map(|i| match i {
+            Item::Frame(f) => Some(f.arrival_ns),
+            _ => None,
+        });
+        c.max_time > 0 && oldest.is_some_and(|o| arrival_ns.saturating_sub(o) >= c.max_time)
+    }
+
+    fn video_info(&mut self, caps: &Arc<str>) -> Result<gst_video::VideoInfo, gst::ErrorMessage> {
+        if let Some((c, info)) = &self.info {
+            if c == caps {
+                return Ok(info.clone());
+            }
+        }
+        let parsed = gst::Caps::from_str(caps).map_err(|_| {
+            gst::error_msg!(
+                gst::StreamError::Format,
+                ("The producer sent unparsable caps {}", caps)
+            )
+        })?;
+        let info = gst_video::VideoInfo::from_caps(&parsed).map_err(|_| {
+            gst::error_msg!(
+                gst::StreamError::Format,
+                ("The producer sent unsupported caps {}", caps)
+            )
+        })?;
+        self.info = Some((caps.clone(), info.clone()));
+        Ok(info)
+    }
+
+    /// Wraps a frame in a buffer: zero-copy while we are within our budget, otherwise a copy
+    /// in system memory whose slot goes back at once.
+    fn build(
+        &mut self,
+        conn: &Connection,
+        frame: Frame,
+        arrival_ns: u64,
+    ) -> Result<Received, gst::ErrorMessage> {
+        let info = self.video_info(&frame.caps)?;
+        check_layout(&frame, &info).map_err(|msg| {
+            gst::error_msg!(
+                gst::StreamError::Decode,
+                ("The producer sent an invalid frame: {}", msg)
+            )
+        })?;
+        let m = frame.meta;
+        let size = m.payload_size as usize;
+        let copy = conn.should_copy();
+        let mut cuda = None;
+        let mem = if let Some(held) = copy {
+            let mut mem = gst::Memory::with_size(size);
+            {
+                let mem = mem.get_mut().ok_or_else(|| {
+                    gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("Cannot allocate a frame"))
+                })?;
+                let mut map = mem.map_writable().map_err(|_| {
+                    gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("Cannot map a frame"))
+                })?;
+                // SAFETY: the lease keeps `size` bytes at `frame.ptr` mapped (read_frame
+                // checked them against the slot); raw copy, no reference to shared memory.
+                unsafe { std::ptr::copy_nonoverlapping(frame.ptr, map.as_mut_ptr(), size) };
+            }
+            let n = conn.count_copy();
+            self.shared.copied.fetch_add(1, Ordering::Relaxed);
+            if !self.copy_warned {
+                self.copy_warned = true;
+                self.warn_copy(conn, held, n);
+            }
+            drop(frame.lease);
+            mem
+        } else {
+            cuda = self.cuda_ptr(&frame);
+            wrap_slot_memory(
+                frame.ptr as *mut u8,
+                size,
+                size,
+                true,
+                Box::new(frame.lease),
+            )
+        };
+        let mut buffer = gst::Buffer::new();
+        {
+            let b = buffer.get_mut().ok_or_else(|| {
+                gst::error_msg!(gst::CoreError::Failed, ("A new buffer is not writable"))
+            })?;
+            b.append_memory(mem);
+            b.set_duration(clock_time(m.duration));
+            b.set_offset(m.offset);
+            b.set_offset_end(m.offset_end);
+            // Every flag the producer set (interlacing, field order, keyframes, ...), except
+            // the one that describes its memory.
+            let mut flags =
+                gst::BufferFlags::from_bits_retain(m.buffer_flags) - gst::BufferFlags::TAG_MEMORY;
+            let dropped = conn.dropped();
+            if self.discont || dropped != self.dropped_seen {
+                flags |= gst::BufferFlags::DISCONT;
+                self.discont = false;
+                self.dropped_seen = dropped;
+            }
+            b.set_flags(flags);
+            let n = m.n_planes as usize;
+            let offsets: Vec<usize> = m.plane_offset[..n].iter().map(|&o| o as usize).collect();
+            let strides: Vec<i32> = m.plane_stride[..n].iter().map(|&s| s as i32).collect();
+            gst_video::VideoMeta::add_full(
+                b,
+                frame_flags(m.buffer_flags),
+                info.format(),
+                info.width(),
+                info.height(),
+                &offsets,
+                &strides,
+            )
+            .map_err(|_| {
+                gst::error_msg!(
+                    gst::StreamError::Decode,
+                    ("The producer's plane layout does not fit the frame")
+                )
+            })?;
+            if let Some(ts) = clock_time(m.publish_ns) {
+                gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
+            }
+            if let Some(tc) = m.timecode {
+                let fps =
+                    (tc.fps_d > 0 && tc.fps_d <= i32::MAX as u32 && tc.fps_n <= i32::MAX as u32)
+                        .then(|| gst::Fraction::new(tc.fps_n as i32, tc.fps_d as i32));
+                let valid = fps.and_then(|fps| {
+                    gst_video::ValidVideoTimeCode::new(
+                        fps,
+                        None,
+                        gst_video::VideoTimeCodeFlags::from_bits_truncate(tc.flags),
+                        tc.hours,
+                        tc.minutes,
+                        tc.seconds,
+                        tc.frames,
+                        tc.field_count,
+                    )
+                    .ok()
+                });
+                if let Some(v) = valid {
+                    gst_video::VideoTimeCodeMeta::add(b, &v);
+                }
+            }
+            if let Some(c) = cuda {
+                crate::cudameta::add(b, c);
+            }
+        }
+        self.shared.received.fetch_add(1, Ordering::Relaxed);
+        if m.latency != NONE_U64 {
+            self.shared.latency.store(m.latency, Ordering::Relaxed);
+        }
+        Ok(Received {
+            buffer,
+            meta: m,
+            caps: frame.caps.clone(),
+            arrival_ns,
+            conn_serial: self.serial,
+        })
+    }
+
+    fn warn_copy(&self, conn: &Connection, held: usize, n: u64) {
+        let Some(el) = self.element.upgrade() else {
+            return;
+        };
+        gst::element_warning!(
+            el,
+            gst::ResourceError::Busy,
+            (
+                "Downstream keeps {} frames of the producer's ring (this consumer's client-budget is {}): further frames are copied into system memory (one copy each, counted in frames-copied) until downstream gives frames back",
+                held.saturating_sub(1),
+                conn.budget()
+            ),
+            [
+                "Copied {} frame so far. Elements such as encoders, queues with thresholds or sinks keeping their last buffer hold frames; to keep them zero-copy, raise slots (or client-budget) on the gpushmsink",
+                n
+            ]
+        );
+    }
+
+    /// The device address of a frame, registering its ring with CUDA the first time one of its
+    /// frames is seen (once per mapping, never per frame).
+    fn cuda_ptr(&self, frame: &Frame) -> Option<crate::cudameta::CudaPtr> {
+        let dev = self.cfg.cuda.as_ref()?;
+        let ring = frame.lease.ring();
+        if ring.attachment().is_none() {
+            let (base, len) = ring.mapping();
+            // SAFETY: the registration is attached to the mapping and dropped before it.
+            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, true) };
+            match att.downcast_ref::<crate::cuda::register::NotRegistered>() {
+                Some(why) => {
+                    if let Some(el) = self.element.upgrade() {
+                        gst::element_warning!(
+                            el,
+                            gst::ResourceError::Settings,
+                            (
+                                "Cannot register the ring with {} ({}); CUDA elements will copy each frame",
+                                dev.name,
+                                why.0
+                            )
+                        );
+                    }
+                }
+                None => gst::info!(
+                    CAT,
+                    "ring {} ({} MiB) registered read-only with {}",
+                    ring.ring_gen(),
+                    len >> 20,
+                    dev.name
+                ),
+            }
+            ring.attach(att);
+        }
+        let (device_ptr, device) =
+            crate::cuda::register::device_ptr_in(ring.attachment(), frame.ptr)?;
+        Some(crate::cudameta::CudaPtr {
+            device,
+            device_ptr,
+            size: frame.meta.payload_size,
+            read_only: true,
+        })
+    }
+}
+
+fn clock_time(v: u64) -> Option<gst::ClockTime> {
+    // ClockTime cannot hold u64::MAX (GST_CLOCK_TIME_NONE): that value means "none".
+    (v != NONE_U64).then(|| gst::ClockTime::from_nseconds(v))
+}
+
+fn publish_caps() -> gst::Caps {
+    static CAPS: once_cell::sync::Lazy<gst::Caps> =
+        once_cell::sync::Lazy::new(|| gst::Caps::new_empty_simple(super::PUBLISH_TIMESTAMP_CAPS));
+    CAPS.clone()
+}
+
+/// The VideoMeta flags that match a buffer's video flags.
+fn frame_flags(buffer_flags: u32) -> gst_video::VideoFrameFlags {
+    let b = gst_video::VideoBufferFlags::from_bits_truncate(buffer_flags);
+    let mut f = gst_video::VideoFrameFlags::empty();
+    for (bf, ff) in [
+        (
+            gst_video::VideoBufferFlags::INTERLACED,
+            gst_video::VideoFrameFlags::INTERLACED,
+        ),
+        (
+            gst_video::VideoBufferFlags::TFF,
+            gst_video::VideoFrameFlags::TFF,
+        ),
+        (
+            gst_video::VideoBufferFlags::RFF,
+            gst_video::VideoFrameFlags::RFF,
+        ),
+        (
+            gst_video::VideoBufferFlags::ONEFIELD,
+            gst_video::VideoFrameFlags::ONEFIELD,
+        ),
+        (
+            gst_video::VideoBufferFlags::MULTIPLE_VIEW,
+            gst_video::VideoFrameFlags::MULTIPLE_VIEW,
+        ),
+        (
+            gst_video::VideoBufferFlags::FIRST_IN_BUNDLE,
+            gst_video::VideoFrameFlags::FIRST_IN_BUNDLE,
+        ),
+    ] {
+        if b.contains(bf) {
+            f |= ff;
+        }
+    }
+    f
+}
+
+/// Checks that the frame's layout matches its caps and lies inside its slot.
+pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result<(), String> {
+    let m = &frame.meta;
+    if m.video_format != info.format().into_glib() as u32
+        || m.width != info.width()
+        || m.height != info.height()
+    {
+        return Err(format!(
+            "frame {} is {}x{} format {}, caps say {}x{} {}",
+            frame.seq,
+            m.width,
+            m.height,
+            m.video_format,
+            info.width(),
+            info.height(),
+            info.format()
+        ));
+    }
+    if m.n_planes != info.n_planes() {
+        return Err(format!(
+            "frame {} has {} planes, caps say {}",
+            frame.seq,
+            m.n_planes,
+            info.n_planes()
+        ));
+    }
+    let finfo = info.format_info();
+    for p in 0..info.n_planes() as usize {
+        // Rows of plane p: the tallest component stored in it.
+        let rows = (0..finfo.n_components())
+            .filter(|&c| finfo.plane()[c as usize] as usize == p)
+            .map(|c| info.comp_height(c as u8))
+            .max()
+            .unwrap_or(info.height()) as u64;
+        let end = m.plane_offset[p].checked_add((m.plane_stride[p] as u64).saturating_mul(rows));
+        if end.is_none_or(|e| e > m.payload_size) {
+            return Err(format!(
+                "frame {} plane {p} (offset {}, stride {}, {rows} rows) overruns its {} bytes",
+                frame.seq, m.plane_offset[p], m.plane_stride[p], m.payload_size
+            ));
+        }
+    }
+    Ok(())
+}
