@@ -11,6 +11,11 @@
 //! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
 //! --expect N (fail unless exactly N frames arrived), --print (one line per frame, with the sum
 //! of every byte of each plane), --exact-pts (see above),
+//! --chain "ELEMENTS" (a pipeline fragment between gpushmsrc and the appsink, e.g. "queue
+//! min-threshold-buffers=20"), --sync and --ts-offset NS (the appsink syncs to the clock),
+//! --max-buffers N (the appsink's queue, default 2), --batch N (keep N samples before checking
+//! them, as an app batching frames), --src-props "k=v ..." (more gpushmsrc properties),
+//! --pause-at N --pause-ms MS (PAUSE the pipeline for MS after N frames),
 //! --cudasum BACKEND (insert `cudasum backend=BACKEND` and check every sum it reports against
 //! a CPU computation over the same buffer; prints a CUDASTATS line), --no-reconnect (error out
 //! when the producer goes away instead of waiting for a new one). Warnings are printed as they
@@ -30,10 +35,22 @@ struct Args {
     exact_pts: bool,
     cudasum: Option<String>,
     no_reconnect: bool,
+    chain: Option<String>,
+    sync: bool,
+    ts_offset: i64,
+    max_buffers: u32,
+    batch: usize,
+    src_props: Vec<(String, String)>,
+    pause_at: Option<u64>,
+    pause_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
-    let mut a = Args::default();
+    let mut a = Args {
+        max_buffers: 2,
+        batch: 1,
+        ..Default::default()
+    };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().ok_or(format!("{k} needs a value"));
@@ -47,6 +64,25 @@ fn parse() -> Result<Args, String> {
             "--exact-pts" => a.exact_pts = true,
             "--no-reconnect" => a.no_reconnect = true,
             "--cudasum" => a.cudasum = Some(v()?),
+            "--chain" => a.chain = Some(v()?),
+            "--sync" => a.sync = true,
+            "--ts-offset" => a.ts_offset = v()?.parse().map_err(|e| format!("--ts-offset: {e}"))?,
+            "--max-buffers" => {
+                a.max_buffers = v()?.parse().map_err(|e| format!("--max-buffers: {e}"))?
+            }
+            "--batch" => a.batch = v()?.parse().map_err(|e| format!("--batch: {e}"))?,
+            "--src-props" => {
+                for kv in v()?.split_whitespace() {
+                    let (k, val) = kv
+                        .split_once('=')
+                        .ok_or(format!("--src-props: {kv} is not key=value"))?;
+                    a.src_props.push((k.into(), val.into()));
+                }
+            }
+            "--pause-at" => {
+                a.pause_at = Some(v()?.parse().map_err(|e| format!("--pause-at: {e}"))?)
+            }
+            "--pause-ms" => a.pause_ms = v()?.parse().map_err(|e| format!("--pause-ms: {e}"))?,
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -83,10 +119,19 @@ fn main() {
         .property("reconnect", !a.no_reconnect)
         .build()
         .expect("gpushmsrc");
+    for (k, v) in &a.src_props {
+        src.set_property_from_str(k, v);
+    }
     let sink = gst_app::AppSink::builder()
-        .sync(false)
-        .max_buffers(2)
+        .sync(a.sync)
+        .max_buffers(a.max_buffers)
         .build();
+    sink.set_property("ts-offset", a.ts_offset);
+    let chain = a.chain.as_ref().map(|d| {
+        gst::parse::bin_from_description(d, true)
+            .expect("--chain: a valid pipeline fragment")
+            .upcast::<gst::Element>()
+    });
     let pipeline = gst::Pipeline::new();
     let cudasum = a.cudasum.as_ref().map(|b| {
         gst::ElementFactory::make("cudasum")
@@ -94,18 +139,13 @@ fn main() {
             .build()
             .expect("cudasum")
     });
-    match &cudasum {
-        Some(c) => {
-            pipeline
-                .add_many([&src, c, sink.upcast_ref()])
-                .expect("add");
-            gst::Element::link_many([&src, c, sink.upcast_ref()]).expect("link");
-        }
-        None => {
-            pipeline.add_many([&src, sink.upcast_ref()]).expect("add");
-            src.link(&sink).expect("link");
-        }
-    }
+    let elements: Vec<gst::Element> = std::iter::once(src.clone())
+        .chain(cudasum.clone())
+        .chain(chain)
+        .chain(std::iter::once(sink.clone().upcast()))
+        .collect();
+    pipeline.add_many(&elements).expect("add");
+    gst::Element::link_many(&elements).expect("link");
     let bus = pipeline.bus().expect("bus");
     bus.set_sync_handler(|_, m| {
         if let gst::MessageView::Warning(w) = m.view() {
@@ -150,90 +190,112 @@ fn main() {
     let mut gaps = 0u64;
     let mut caps_seen = Vec::<String>::new();
     let mut t0 = None;
-    while a.frames.is_none_or(|f| n_frames < f) {
-        let Ok(sample) = sink.pull_sample() else {
-            break;
-        };
-        let arrival = now_ns();
-        t0.get_or_insert(arrival);
-        let caps = sample.caps().expect("sample caps");
-        let caps_str = caps.to_string();
-        if caps_seen.last() != Some(&caps_str) {
-            if a.print {
-                println!("CAPS {caps_str}");
+    // Samples kept before they are checked (--batch): an app that batches its frames.
+    let mut held: Vec<(gst::Sample, u64, Option<gst::ClockTime>)> = Vec::new();
+    let mut pulled = 0u64;
+    let mut done = false;
+    while !done {
+        match sink.pull_sample() {
+            Ok(sample) if a.frames.is_none_or(|f| pulled < f) => {
+                pulled += 1;
+                held.push((sample, now_ns(), pipeline.current_running_time()));
+                if a.pause_at == Some(pulled) {
+                    println!("PAUSED t={}", now_ns());
+                    let _ = pipeline.set_state(gst::State::Paused);
+                    std::thread::sleep(std::time::Duration::from_millis(a.pause_ms));
+                    let _ = pipeline.set_state(gst::State::Playing);
+                    println!("RESUMED t={}", now_ns());
+                }
+                if held.len() < a.batch && a.frames.is_none_or(|f| pulled < f) {
+                    continue;
+                }
             }
-            caps_seen.push(caps_str);
+            _ => done = true,
         }
-        let buffer = sample.buffer().expect("sample buffer");
-        let n = buffer.offset();
-        if last_n.is_some_and(|l: u64| n != l + 1) {
-            gaps += 1;
+        if a.frames.is_some_and(|f| pulled >= f) {
+            done = true;
         }
-        last_n = Some(n);
-        let pts = buffer.pts();
-        // Never in the future: a syncing sink must be able to play every frame.
-        let running = pipeline.current_running_time();
-        if let (Some(p), Some(r)) = (pts, running) {
-            if p > r + gst::ClockTime::from_mseconds(1) {
-                pts_errors += 1;
-                println!("PTS_IN_FUTURE n={n} pts={p} running_time={r}");
+        for (sample, arrival, running) in held.drain(..) {
+            t0.get_or_insert(arrival);
+            let caps = sample.caps().expect("sample caps");
+            let caps_str = caps.to_string();
+            if caps_seen.last() != Some(&caps_str) {
+                if a.print {
+                    println!("CAPS {caps_str}");
+                }
+                caps_seen.push(caps_str);
             }
-        }
-        // PTS are checked within continuous runs: a drop or a new producer starts a new one.
-        if buffer.flags().contains(gst::BufferFlags::DISCONT) {
-            first = None;
-        }
-        if let (Some(p), Some(l)) = (pts, last_pts) {
-            if p < l {
-                pts_errors += 1;
+            let buffer = sample.buffer().expect("sample buffer");
+            let n = buffer.offset();
+            if last_n.is_some_and(|l: u64| n != l + 1) {
+                gaps += 1;
             }
-        }
-        last_pts = pts;
-        match (first, pts, buffer.duration()) {
-            (None, Some(p), _) => first = Some((n, p)),
-            // A producer running ahead of real time (not live, sync=false) is placed at its
-            // publish times: only a live or syncing producer's spacing is kept.
-            (Some(_), Some(_), Some(_)) if !a.exact_pts => {}
-            (Some((n0, p0)), Some(p), Some(d)) => {
-                // Sources round n * 1s / fps while the duration is truncated: allow the
-                // truncation, under 1 ns per frame.
-                let frames = n as i128 - n0 as i128;
-                let err =
-                    p.nseconds() as i128 - p0.nseconds() as i128 - frames * d.nseconds() as i128;
-                if err.abs() > frames.abs() {
+            last_n = Some(n);
+            let pts = buffer.pts();
+            // Never in the future: a syncing sink must be able to play every frame.
+            if let (Some(p), Some(r)) = (pts, running) {
+                if p > r + gst::ClockTime::from_mseconds(1) {
+                    pts_errors += 1;
+                    println!("PTS_IN_FUTURE n={n} pts={p} running_time={r}");
+                }
+            }
+            // PTS are checked within continuous runs: a drop or a new producer starts a new one.
+            if buffer.flags().contains(gst::BufferFlags::DISCONT) {
+                first = None;
+            }
+            if let (Some(p), Some(l)) = (pts, last_pts) {
+                if p < l {
                     pts_errors += 1;
                 }
             }
-            _ => pts_errors += 1,
-        }
-        let mut ok = true;
-        let mut sum = 0;
-        if a.verify {
-            let info = gst_video::VideoInfo::from_caps(caps).expect("video caps");
-            match gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &info) {
-                Ok(frame) => {
-                    ok = gstgpushm::pattern::check(&frame, n) == 0;
-                    if a.print {
-                        sum = gstgpushm::pattern::checksum(&frame);
+            last_pts = pts;
+            match (first, pts, buffer.duration()) {
+                (None, Some(p), _) => first = Some((n, p)),
+                // A producer running ahead of real time (not live, sync=false) is placed at its
+                // publish times: only a live or syncing producer's spacing is kept.
+                (Some(_), Some(_), Some(_)) if !a.exact_pts => {}
+                (Some((n0, p0)), Some(p), Some(d)) => {
+                    // Sources round n * 1s / fps while the duration is truncated: allow the
+                    // truncation, under 1 ns per frame.
+                    let frames = n as i128 - n0 as i128;
+                    let err = p.nseconds() as i128
+                        - p0.nseconds() as i128
+                        - frames * d.nseconds() as i128;
+                    if err.abs() > frames.abs() {
+                        pts_errors += 1;
                     }
                 }
-                Err(_) => ok = false,
+                _ => pts_errors += 1,
             }
-            if !ok {
-                bad += 1;
+            let mut ok = true;
+            let mut sum = 0;
+            if a.verify {
+                let info = gst_video::VideoInfo::from_caps(caps).expect("video caps");
+                match gst_video::VideoFrameRef::from_buffer_ref_readable(buffer, &info) {
+                    Ok(frame) => {
+                        ok = gstgpushm::pattern::check(&frame, n) == 0;
+                        if a.print {
+                            sum = gstgpushm::pattern::checksum(&frame);
+                        }
+                    }
+                    Err(_) => ok = false,
+                }
+                if !ok {
+                    bad += 1;
+                }
             }
+            if a.print {
+                println!(
+                    "FRAME n={n} t={arrival} pts={} checksum={sum:016x} plane_sums={} ok={ok}",
+                    pts.map_or(-1, |p| p.nseconds() as i64),
+                    plane_sums(caps, buffer)
+                );
+            }
+            if cudasum.is_some() {
+                sums.check(&bus, caps, buffer, a.print);
+            }
+            n_frames += 1;
         }
-        if a.print {
-            println!(
-                "FRAME n={n} pts={} checksum={sum:016x} plane_sums={} ok={ok}",
-                pts.map_or(-1, |p| p.nseconds() as i64),
-                plane_sums(caps, buffer)
-            );
-        }
-        if cudasum.is_some() {
-            sums.check(&bus, caps, buffer, a.print);
-        }
-        n_frames += 1;
     }
     let elapsed = t0.map_or(0, |t| now_ns() - t);
     if let Some(c) = &cudasum {
@@ -256,6 +318,13 @@ fn main() {
         .bus()
         .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]));
     let dropped = src.property::<u64>("frames-dropped");
+    let copied = src.property::<u64>("frames-copied");
+    let mut q = gst::query::Latency::new();
+    let src_latency = if src.query(&mut q) {
+        q.result().1.nseconds() as i64
+    } else {
+        -1
+    };
     let _ = pipeline.set_state(gst::State::Null);
     let mut lat = std::mem::take(&mut *lat.lock().unwrap());
     lat.sort_unstable();
@@ -270,7 +339,7 @@ fn main() {
         0.0
     };
     println!(
-        "SUMMARY frames={n_frames} bad={bad} pts_errors={pts_errors} gaps={gaps} dropped={dropped} first={} last={} fps={fps:.1} latency_p50_us={:.1} latency_p99_us={:.1} latency_max_us={:.1}",
+        "SUMMARY frames={n_frames} bad={bad} pts_errors={pts_errors} gaps={gaps} dropped={dropped} copied={copied} src_latency_ns={src_latency} first={} last={} fps={fps:.1} latency_p50_us={:.1} latency_p99_us={:.1} latency_max_us={:.1}",
         first.map_or(-1, |f| f.0 as i64),
         last_n.map_or(-1, |l| l as i64),
         percentile(&lat, 0.5) as f64 / 1e3,

@@ -11,7 +11,8 @@
 //! --fps 30 (0 = as fast as the consumers take them), --copy (buffers from elsewhere, forcing
 //! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8,
 //! --seed (every plane holds the bytes 1, 2, ..., 16, 1, 2, ... in raster order, as in the
-//! seed prototype: a 4x4 GRAY8 frame sums to 136).
+//! seed prototype: a 4x4 GRAY8 frame sums to 136), --realtime-clock (the pipeline runs on
+//! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
 
@@ -28,6 +29,7 @@ struct Args {
     wait: bool,
     slots: u32,
     seed: bool,
+    realtime_clock: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -42,6 +44,7 @@ fn parse() -> Result<Args, String> {
         wait: false,
         slots: 8,
         seed: false,
+        realtime_clock: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -57,6 +60,7 @@ fn parse() -> Result<Args, String> {
             "--copy" => a.copy = true,
             "--wait" => a.wait = true,
             "--seed" => a.seed = true,
+            "--realtime-clock" => a.realtime_clock = true,
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -80,6 +84,8 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .format(gst::Format::Time)
         .block(true)
         .max_buffers(2)
+        // At a frame rate it is a camera: live, stamping frames with the running time.
+        .is_live(a.fps > 0)
         .build();
     let sink = gst::ElementFactory::make("gpushmsink")
         .property("socket-path", &a.socket)
@@ -107,6 +113,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         None
     });
+    if a.realtime_clock {
+        // Wall-clock time: timestamps about 56 years ahead of CLOCK_MONOTONIC.
+        let clock = gst::glib::Object::builder::<gst::SystemClock>()
+            .property("clock-type", gst::ClockType::Realtime)
+            .build();
+        pipeline.use_clock(Some(&clock));
+    }
     pipeline.set_state(gst::State::Playing)?;
 
     // Ask the sink for its pool, as any upstream element would.
@@ -133,6 +146,20 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     let dur = gst::ClockTime::SECOND
         .mul_div_floor(1, fps as u64)
         .ok_or("bad fps")?;
+    if a.wait {
+        // Frames are stamped from the moment a consumer is there, as a camera would: none
+        // is late, and none is published in a burst.
+        while sink.property::<u32>("num-clients") == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    let t0 = if a.fps > 0 {
+        pipeline
+            .current_running_time()
+            .unwrap_or(gst::ClockTime::ZERO)
+    } else {
+        gst::ClockTime::ZERO
+    };
     for n in (0..).take_while(|&n| a.frames == 0 || n < a.frames) {
         let mut buf = match &pool {
             Some(p) => p.acquire_buffer(None)?,
@@ -140,7 +167,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         {
             let b = buf.get_mut().ok_or("buffer not writable")?;
-            b.set_pts(dur * n);
+            b.set_pts(t0 + dur * n);
             b.set_duration(dur);
             b.set_offset(n);
             b.set_offset_end(n + 1);

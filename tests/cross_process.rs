@@ -267,21 +267,53 @@ fn gst_launch_on_both_sides() {
 
 /// The Python example (PyGObject) reads frames from a Rust producer process: the seed frame
 /// sums to 136 in Python too.
+/// The first interpreter with PyGObject: Debian's (python3-gi) may sit behind another python3
+/// on PATH (pyenv, venv). scripts/install-deps.sh installs it.
+fn python_with_gi() -> &'static str {
+    ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|py| {
+            std::process::Command::new(py)
+                .args(["-c", "import gi; gi.require_version('GstApp', '1.0')"])
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+        .expect("a python3 with PyGObject (python3-gi, gir1.2-gst-plugins-base-1.0): run scripts/install-deps.sh")
+}
+
+/// Without a producer the Python example says why and leaves no GStreamer-CRITICAL behind
+/// (it sets its pipeline to NULL on every path).
+#[test]
+fn python_consumer_without_producer_fails_cleanly() {
+    let dir = tmpdir();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/consumer.py");
+    let mut py = std::process::Command::new(python_with_gi());
+    with_plugin_path(&mut py);
+    py.arg(script).args([
+        dir.path().join("nobody").to_str().unwrap(),
+        "5",
+        "--timeout",
+        "0.2",
+    ]);
+    let (status, out) = Proc::spawn(py, "consumer.py").finish(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(1), "{}", out.join("\n"));
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("error: Could not connect") && l.contains("nobody")),
+        "{}",
+        out.join("\n")
+    );
+    assert!(
+        !out.iter().any(|l| l.contains("CRITICAL")),
+        "{}",
+        out.join("\n")
+    );
+}
+
 #[test]
 fn python_consumer_reads_the_seed_frames() {
-    // The first interpreter with PyGObject: Debian's (python3-gi) may sit behind another
-    // python3 on PATH (pyenv, venv).
-    let python = ["/usr/bin/python3", "python3"].into_iter().find(|py| {
-        std::process::Command::new(py)
-            .args(["-c", "import gi; gi.require_version('GstApp', '1.0')"])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    });
-    let Some(python) = python else {
-        println!("skipping: no python3 with PyGObject (python3-gi, gir1.2-gst-plugins-base-1.0)");
-        return;
-    };
+    let python = python_with_gi();
     let dir = tmpdir();
     let sock = dir.path().join("py.sock");
     let producer = seed_producer(&sock, 5);

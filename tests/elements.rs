@@ -742,3 +742,76 @@ fn a_blocked_leaky_consumer_drops_its_oldest_queued_frames_and_counts_them() {
     assert!(q.result().0, "a live source");
     consumer.set_state(gst::State::Null).unwrap();
 }
+
+/// Interlacing flags (INTERLACED, TFF, RFF, ONEFIELD), the producer's own DISCONT and
+/// DROPPABLE, and the GstVideoTimeCodeMeta of each frame reach the consumer.
+#[test]
+fn interlaced_flags_and_timecodes_arrive() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("interlaced.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1,interlace-mode=mixed",
+    );
+    let mut src = src_harness(&sock, true);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    use gst_video::VideoBufferFlags as V;
+    let cases = [
+        V::INTERLACED | V::TFF,
+        V::empty(),
+        V::INTERLACED | V::RFF,
+        V::INTERLACED | V::ONEFIELD | V::TFF,
+    ];
+    for (n, vflags) in cases.iter().enumerate() {
+        let n = n as u64;
+        let mut b = gray_frame(n, 64, 48);
+        {
+            let r = b.get_mut().unwrap();
+            r.set_flags(gst::BufferFlags::from_bits_retain(vflags.bits()));
+            r.set_flags(gst::BufferFlags::DROPPABLE);
+            let tc = gst_video::ValidVideoTimeCode::new(
+                gst::Fraction::new(25, 1),
+                None,
+                gst_video::VideoTimeCodeFlags::INTERLACED,
+                10,
+                20,
+                30,
+                n as u32,
+                1 + n as u32 % 2,
+            )
+            .unwrap();
+            gst_video::VideoTimeCodeMeta::add(r, &tc);
+        }
+        assert_eq!(sink.push(b), Ok(gst::FlowSuccess::Ok));
+        let out = src.pull().expect("a buffer");
+        // flags() keeps only the core flags: read the video ones from the buffer itself.
+        // SAFETY: a field of a buffer we hold.
+        let got = V::from_bits_truncate(unsafe { (*out.as_ptr()).mini_object.flags });
+        for f in [V::INTERLACED, V::TFF, V::RFF, V::ONEFIELD] {
+            assert_eq!(got.contains(f), vflags.contains(f), "frame {n}: {f:?}");
+        }
+        assert!(out.flags().contains(gst::BufferFlags::DROPPABLE));
+        let vm = out.meta::<gst_video::VideoMeta>().unwrap();
+        assert_eq!(
+            vm.video_frame_flags()
+                .contains(gst_video::VideoFrameFlags::INTERLACED),
+            vflags.contains(V::INTERLACED)
+        );
+        let tc = out
+            .meta::<gst_video::VideoTimeCodeMeta>()
+            .expect("time code meta")
+            .tc();
+        assert_eq!(
+            (tc.hours(), tc.minutes(), tc.seconds(), tc.frames()),
+            (10, 20, 30, n as u32)
+        );
+        assert_eq!(tc.field_count(), 1 + n as u32 % 2);
+        assert_eq!(tc.fps(), gst::Fraction::new(25, 1));
+        assert!(tc
+            .flags()
+            .contains(gst_video::VideoTimeCodeFlags::INTERLACED));
+    }
+}

@@ -317,22 +317,12 @@ impl GpuShmSink {
             offset_end: buffer.offset_end(),
             pts_clock: clock(buffer.pts()),
             dts_clock: clock(buffer.dts()),
-            buffer_flags: buffer.flags().bits(),
+            // Every flag, the media-specific ones too (interlacing, field order): flags()
+            // keeps only the core ones.
+            // SAFETY: reading a field of a valid buffer we hold a reference to.
+            buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
             latency: self.obj().latency().nseconds(),
-            timecode: buffer.meta::<gst_video::VideoTimeCodeMeta>().map(|m| {
-                let tc = m.tc();
-                let fps = tc.fps();
-                TimeCode {
-                    fps_n: fps.numer().max(0) as u32,
-                    fps_d: fps.denom().max(0) as u32,
-                    flags: tc.flags().bits(),
-                    hours: tc.hours(),
-                    minutes: tc.minutes(),
-                    seconds: tc.seconds(),
-                    frames: tc.frames(),
-                    field_count: tc.field_count(),
-                }
-            }),
+            timecode: timecode(buffer),
             video_format: info.format().into_glib() as u32,
             width: info.width(),
             height: info.height(),
@@ -351,6 +341,24 @@ impl GpuShmSink {
         }
         m
     }
+}
+
+/// The frame's GstVideoTimeCodeMeta, if it has one.
+fn timecode(buffer: &gst::BufferRef) -> Option<TimeCode> {
+    buffer.meta::<gst_video::VideoTimeCodeMeta>().map(|m| {
+        let tc = m.tc();
+        let fps = tc.fps();
+        TimeCode {
+            fps_n: fps.numer().max(0) as u32,
+            fps_d: fps.denom().max(0) as u32,
+            flags: tc.flags().bits(),
+            hours: tc.hours(),
+            minutes: tc.minutes(),
+            seconds: tc.seconds(),
+            frames: tc.frames(),
+            field_count: tc.field_count(),
+        }
+    })
 }
 
 use gst::glib::translate::IntoGlib;
@@ -732,6 +740,8 @@ impl BaseSinkImpl for GpuShmSink {
         };
         let mut meta = self.frame_meta(&frame, &info);
         if own.is_none() {
+            // Metas stay on the original.
+            meta.timecode = timecode(buffer);
             // The copy has the pool's default layout.
             meta.n_planes = info.n_planes();
             for i in 0..info.n_planes() as usize {

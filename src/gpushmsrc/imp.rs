@@ -60,6 +60,13 @@ const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
 /// that syncs publishes at or after its timestamps, give or take the system clock's early
 /// wake-up (up to 0.5 ms).
 const FUTURE_TOLERANCE: u64 = 1_000_000;
+/// Frames whose timestamps are shifted onto our clock are placed this long before their
+/// publish time (and this latency is answered), so that a frame published a little earlier
+/// than the first one, relative to its timestamp, does not force a new anchor.
+const SHIFT_MARGIN: u64 = 5_000_000;
+/// A producer on our clock publishes its frames at most this long after their timestamps;
+/// frames stamped earlier come from another clock.
+const DIRECT_WINDOW: u64 = 10_000_000_000;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -109,6 +116,9 @@ struct Started {
     /// Caps string last set on the pad.
     pad_caps: Option<Arc<str>>,
     mapping: Mapping,
+    /// The last timestamp placed by a shifted mapping, on our clock (re-anchoring never
+    /// goes back past it).
+    last_mapped: i128,
     serial: u64,
     /// The latency this source last answered (ns).
     answered_latency: Option<u64>,
@@ -140,12 +150,15 @@ impl GpuShmSrc {
         self.state().as_ref().map(|s| s.receiver.shared.clone())
     }
 
-    /// The latency to answer: none added when buffers are stamped on arrival
-    /// (do-timestamp=true) or placed at their publish time; otherwise the producer pipeline's
-    /// own latency, which is how long after its timestamp a frame is published.
+    /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
+    /// the shift margin when they are placed at their publish time, otherwise the producer
+    /// pipeline's own latency, which is how long after its timestamp a frame is published.
     fn latency(&self, st: &Started) -> u64 {
-        if self.obj().does_timestamp() || matches!(st.mapping, Mapping::Shifted(_)) {
+        if self.obj().does_timestamp() {
             return 0;
+        }
+        if matches!(st.mapping, Mapping::Shifted(_)) {
+            return SHIFT_MARGIN;
         }
         match st.receiver.shared.latency.load(Ordering::Relaxed) {
             NONE_U64 => 0,
@@ -170,32 +183,42 @@ impl GpuShmSrc {
         if st.serial != f.conn_serial {
             st.serial = f.conn_serial;
             st.mapping = Mapping::Undecided;
+            st.last_mapped = i128::MIN;
         }
-        let base = base.nseconds();
+        let base = base.nseconds() as i128;
         // The publish moment on our pipeline's clock (publish_ns is CLOCK_MONOTONIC; a bogus
         // one falls back to our arrival stamp).
-        let now_ours = clock.time().nseconds();
+        let now_ours = clock.time().nseconds() as i128;
         let now_mono = crate::ring::monotonic_ns();
         let published = if m.publish_ns <= now_mono {
             m.publish_ns
         } else {
             f.arrival_ns
         };
-        let pub_ours = now_ours.saturating_sub(now_mono.saturating_sub(published));
+        let pub_ours = now_ours - now_mono.saturating_sub(published) as i128;
+        let running = |t: i128| gst::ClockTime::from_nseconds((t - base).max(0) as u64);
         if m.pts_clock == NONE_U64 {
             // No clock time: place it at its publish time.
-            b.set_pts(gst::ClockTime::from_nseconds(pub_ours.saturating_sub(base)));
+            b.set_pts(running(pub_ours));
             b.set_dts(gst::ClockTime::NONE);
             return;
         }
-        if st.mapping == Mapping::Undecided && pub_ours >= base {
-            st.mapping = if m.pts_clock >= base && m.pts_clock <= pub_ours + FUTURE_TOLERANCE {
+        let pts_clock = m.pts_clock as i128;
+        let tolerance = FUTURE_TOLERANCE as i128;
+        let margin = SHIFT_MARGIN as i128;
+        if st.mapping == Mapping::Undecided {
+            st.mapping = if pts_clock <= pub_ours + tolerance
+                && pts_clock >= pub_ours - DIRECT_WINDOW as i128
+            {
                 Mapping::Direct
             } else {
-                if m.pts_clock > pub_ours {
-                    self.warn_clock(st, m.pts_clock - pub_ours);
+                if pts_clock > pub_ours {
+                    self.warn_clock(st, (pts_clock - pub_ours) as u64);
                 }
-                Mapping::Shifted(pub_ours as i128 - m.pts_clock as i128)
+                // Placed `margin` before its publish time, but not before this pipeline
+                // started (it connected when it went to PLAYING).
+                let m = margin.min((pub_ours - base).max(0));
+                Mapping::Shifted(pub_ours - m - pts_clock)
             };
             self.post_latency_if_changed(st);
         }
@@ -203,23 +226,21 @@ impl GpuShmSrc {
             Mapping::Shifted(s) => s,
             _ => 0,
         };
-        let mut mapped = m.pts_clock as i128 + shift;
-        if mapped > (pub_ours + FUTURE_TOLERANCE) as i128 {
+        let mut mapped = pts_clock + shift;
+        if mapped > pub_ours + tolerance {
             // Runs ahead of real time (a producer that is not live, with sync=false): place
-            // frames at their publish time from now on.
-            self.warn_clock(st, (mapped - pub_ours as i128) as u64);
-            let s = pub_ours as i128 - m.pts_clock as i128;
-            st.mapping = Mapping::Shifted(s);
-            mapped = pub_ours as i128;
+            // frames at their publish time from now on, never before the previous one.
+            self.warn_clock(st, (mapped - pub_ours) as u64);
+            mapped = (pub_ours - margin).max(st.last_mapped);
+            st.mapping = Mapping::Shifted(mapped - pts_clock);
             self.post_latency_if_changed(st);
         }
-        let running = |t: i128| gst::ClockTime::from_nseconds((t - base as i128).max(0) as u64);
+        st.last_mapped = mapped;
         b.set_pts(running(mapped));
         b.set_dts(if m.dts_clock == NONE_U64 {
             gst::ClockTime::NONE
         } else {
-            let shift = mapped - m.pts_clock as i128;
-            Some(running(m.dts_clock as i128 + shift))
+            Some(running(m.dts_clock as i128 + (mapped - pts_clock)))
         });
     }
 
@@ -415,6 +436,19 @@ impl ObjectImpl for GpuShmSrc {
 impl GstObjectImpl for GpuShmSrc {}
 
 impl ElementImpl for GpuShmSrc {
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        if transition == gst::StateChange::PausedToPlaying {
+            // The base time is set: connect now (see the receiver).
+            if let Some(s) = self.shared() {
+                s.go();
+            }
+        }
+        self.parent_change_state(transition)
+    }
+
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: Lazy<gst::subclass::ElementMetadata> = Lazy::new(|| {
             gst::subclass::ElementMetadata::new(
@@ -511,6 +545,7 @@ impl BaseSrcImpl for GpuShmSrc {
             receiver,
             pad_caps: None,
             mapping: Mapping::Undecided,
+            last_mapped: i128::MIN,
             serial: 0,
             answered_latency: None,
             clock_warned: false,

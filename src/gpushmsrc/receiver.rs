@@ -68,6 +68,9 @@ struct Queue {
     bytes: u64,
     flushing: bool,
     stopping: bool,
+    /// The pipeline is PLAYING: connect (frames published before it started playing are
+    /// never received, so none has a timestamp before its base time).
+    go: bool,
     /// Frames were dropped from this queue since the last one popped.
     discont: bool,
 }
@@ -114,6 +117,12 @@ impl Shared {
             }
             q = self.cond.wait(q).unwrap_or_else(|e| e.into_inner());
         }
+    }
+
+    /// Lets the receiver connect (the pipeline goes to PLAYING for the first time).
+    pub fn go(&self) {
+        self.queue().go = true;
+        self.cond.notify_all();
     }
 
     pub fn set_flushing(&self, flushing: bool) {
@@ -201,6 +210,15 @@ struct Worker {
 
 impl Worker {
     fn run(&mut self) {
+        {
+            let mut q = self.shared.queue();
+            while !q.go && !q.stopping {
+                q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+            if q.stopping {
+                return;
+            }
+        }
         let mut conn =
             match Connection::connect(&self.cfg.path, &self.cfg.opts, Some(self.stop.as_fd())) {
                 Ok(c) => c,
@@ -476,8 +494,11 @@ impl Worker {
             b.set_offset_end(m.offset_end);
             // Every flag the producer set (interlacing, field order, keyframes, ...), except
             // the one that describes its memory.
-            let mut flags =
-                gst::BufferFlags::from_bits_retain(m.buffer_flags) - gst::BufferFlags::TAG_MEMORY;
+            // Bits below GST_MINI_OBJECT_FLAG_LAST belong to the mini object (locking), not
+            // to the buffer: never taken from a peer.
+            let mut flags = gst::BufferFlags::from_bits_retain(
+                m.buffer_flags & !(gst::ffi::GST_MINI_OBJECT_FLAG_LAST - 1),
+            ) - gst::BufferFlags::TAG_MEMORY;
             let dropped = conn.dropped();
             if self.discont || dropped != self.dropped_seen {
                 flags |= gst::BufferFlags::DISCONT;
