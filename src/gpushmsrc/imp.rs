@@ -4,14 +4,26 @@
  * @see_also: gpushmsink, shmsrc, unixfdsrc
  *
  * Receives raw video from a gpushmsink in another process. The producer's ring is mapped once,
- * read-only, and every buffer points straight into it: no frame byte is copied. A slot goes
- * back to the producer when downstream drops the buffer.
+ * read-only, and buffers point straight into it: no frame byte is copied. A slot goes back to
+ * the producer when downstream drops the buffer.
+ *
+ * The source connects when it goes to PLAYING; a thread of its own takes each frame from the
+ * ring as it arrives, whatever downstream is doing. While downstream keeps as many zero-copy
+ * frames as the producer's client-budget allows (an encoder's lookahead, a queue with a
+ * threshold, a sink keeping its last buffer), further frames are copied into system memory
+ * (one copy each, `frames-copied`, one warning), so nothing downstream does can stall the
+ * stream or other consumers. A blocked downstream delays only this source's own queue
+ * (`max-size-buffers`, `max-size-bytes`, `max-size-time`).
  *
  * Caps come from the producer: no caps are needed on the command line, and the source
- * renegotiates when the producer's caps change. Timestamps are mapped from the producer's
- * running time to this pipeline's (both on the system monotonic clock), so the latency tracer
- * shows the real cross-process latency. Each buffer also carries a GstReferenceTimestampMeta
- * with caps `timestamp/x-gpushm-publish`: the CLOCK_MONOTONIC time the producer published it.
+ * renegotiates when the producer's caps change. Timestamps from a producer on this machine's
+ * monotonic clock are mapped onto this pipeline's running time, so the latency tracer shows
+ * the real cross-process latency and the latency answered is the producer pipeline's. A
+ * producer on another clock, or running ahead of real time (not live, sync=false), is detected
+ * (one warning) and its frames are placed at their publish time: timestamps are never in the
+ * future. Every buffer flag (interlacing included) and GstVideoTimeCodeMeta travel. Each
+ * buffer also carries a GstReferenceTimestampMeta with caps `timestamp/x-gpushm-publish`: the
+ * CLOCK_MONOTONIC time the producer published it.
  *
  * ## Example launch line
  * |[
