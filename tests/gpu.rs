@@ -265,7 +265,8 @@ fn gpu_4k_nv12_300_frames_read_in_place_match_the_cpu() {
         "--frames",
         "300",
     ]);
-    p.args(["--fps", "0", "--wait"]);
+    // 16 slots: frame_checker's appsink and the app keep up to 4 frames, all zero-copy.
+    p.args(["--fps", "0", "--wait", "--slots", "16"]);
     let producer = Proc::spawn(p, "pattern_producer");
     wait_for_path(&sock, Duration::from_secs(10));
     let mut c = example("frame_checker");

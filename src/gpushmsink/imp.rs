@@ -49,7 +49,7 @@ const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
 const DEFAULT_PERMS: u32 = 0o600;
 const DEFAULT_SLOTS: u32 = 8;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
-/// -1: one frame duration for a live stream, one second otherwise (see the property).
+/// -1: one frame duration (40 to 200 ms) for a live stream, one second otherwise.
 const DEFAULT_MAX_WAIT: i64 = -1;
 /// What max-wait=-1 waits for a stream that is not live.
 const MAX_WAIT_NOT_LIVE: std::time::Duration = std::time::Duration::from_secs(1);
@@ -132,7 +132,7 @@ impl GpuShmSink {
                 .map(|d| std::time::Duration::from_nanos(d.nseconds()))
                 .unwrap_or(std::time::Duration::from_millis(40))
                 .clamp(
-                    std::time::Duration::from_millis(10),
+                    std::time::Duration::from_millis(40),
                     std::time::Duration::from_millis(200),
                 ),
             -1 => MAX_WAIT_NOT_LIVE,
@@ -409,7 +409,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecInt64::builder("max-wait")
                     .nick("Max wait")
-                    .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted): frames skip it, without waiting, until it has given back half its client-budget. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration for a live stream (other consumers see at most one frame late), 1 s otherwise; 0 = never wait (lossless behaves like leaky). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
+                    .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted): frames skip it, without waiting, until it has given back half its client-budget. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration (40 to 200 ms) for a live stream, so the other consumers see frames at most that late, 1 s otherwise; 0 = never wait (lossless behaves like leaky). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
                     .minimum(-1)
                     .default_value(DEFAULT_MAX_WAIT)
                     .mutable_playing()
@@ -768,6 +768,7 @@ impl BaseSinkImpl for GpuShmSink {
                     .unwrap_or(gst::ClockTime::ZERO)
             })
         });
+        meta.live = live;
         let policy = self.policy(live, duration);
         let published = server.publish(gen, slot, meta, policy).map_err(|e| {
             gst::element_imp_error!(

@@ -32,6 +32,10 @@ use crate::ring::layout::NONE_U64;
 use crate::ring::producer::FrameMeta;
 use crate::ring::{shm, Error};
 
+/// How long a lossless consumer of a producer that is not live waits for downstream to hand
+/// a frame back before it copies instead.
+const NON_LIVE_WAIT: Duration = Duration::from_millis(20);
+
 /// What the receiver needs to know, fixed at start().
 #[derive(Clone)]
 pub(super) struct Config {
@@ -160,6 +164,7 @@ impl Receiver {
             dropped_seen: 0,
             dropped_base: 0,
             copy_warned: false,
+            gave_up_waiting: false,
         };
         let thread = std::thread::Builder::new()
             .name("gpushmsrc-recv".into())
@@ -206,6 +211,8 @@ struct Worker {
     dropped_seen: u64,
     dropped_base: u64,
     copy_warned: bool,
+    /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
+    gave_up_waiting: bool,
 }
 
 impl Worker {
@@ -450,7 +457,25 @@ impl Worker {
         })?;
         let m = frame.meta;
         let size = m.payload_size as usize;
-        let copy = conn.should_copy();
+        let mut copy = conn.should_copy();
+        if copy.is_some() && self.cfg.opts.lossless && !m.live && !self.gave_up_waiting {
+            // A producer that is not live loses nothing by waiting: give downstream a moment
+            // to hand frames back and keep this one zero-copy. Downstream that keeps frames
+            // until it gets more (an encoder's lookahead) is not waited for again until it
+            // has handed frames back.
+            let deadline = std::time::Instant::now() + NON_LIVE_WAIT;
+            while copy.is_some()
+                && std::time::Instant::now() < deadline
+                && !self.shared.queue().stopping
+            {
+                std::thread::sleep(Duration::from_millis(1));
+                copy = conn.should_copy();
+            }
+            self.gave_up_waiting = copy.is_some();
+        }
+        if copy.is_none() {
+            self.gave_up_waiting = false;
+        }
         let mut cuda = None;
         let mem = if let Some(held) = copy {
             let mut mem = gst::Memory::with_size(size);
@@ -573,7 +598,7 @@ impl Worker {
             el,
             gst::ResourceError::Busy,
             (
-                "Downstream keeps {} frames of the producer's ring (this consumer's client-budget is {}): further frames are copied into system memory (one copy each, counted in frames-copied) until downstream gives frames back",
+                "Downstream keeps {} frames of the producer's ring, as many as this consumer keeps zero-copy (client-budget {}): further frames are copied into system memory (one copy each, counted in frames-copied) until downstream gives frames back",
                 held.saturating_sub(1),
                 conn.budget()
             ),

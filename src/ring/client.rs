@@ -332,15 +332,24 @@ impl Connection {
         self.releaser.ch.budget()
     }
 
-    /// Whether the frame just taken should be copied out of the ring and given back at once:
-    /// true when it would leave no room in our budget for the next frame. Keeping fewer
-    /// zero-copy frames than the budget means we never hold the producer up, however many
-    /// frames downstream keeps.
-    /// Returns the frames referenced (the one just taken included) when it should.
+    /// Whether the frame just taken should be copied out of the ring and given back at once,
+    /// and if so how many frames we reference (the one just taken included). We keep at most
+    /// `zero_copy_limit()` frames zero-copy, so the producer never has to wait for frames
+    /// downstream keeps, and frames still arrive while this process gets no CPU for a moment.
     pub fn should_copy(&self) -> Option<usize> {
-        let budget = self.budget() as usize;
         let held = self.leases();
-        (budget > 0 && held >= budget).then_some(held)
+        (self.budget() > 0 && held > self.zero_copy_limit()).then_some(held)
+    }
+
+    /// Frames we keep zero-copy at most: our budget less room for frames on their way to us
+    /// (two when the budget allows, one otherwise).
+    pub fn zero_copy_limit(&self) -> usize {
+        let budget = self.budget() as usize;
+        if budget >= 3 {
+            budget - 2
+        } else {
+            budget.saturating_sub(1)
+        }
     }
 
     /// Counts a frame copied out of the ring (reported to the producer's statistics too).

@@ -242,6 +242,7 @@ impl ConsumerRing {
             m.plane_stride[i] = d.plane_stride[i].load(r);
         }
         m.latency = d.latency.load(r);
+        m.live = d.stream_flags.load(r) & STREAM_LIVE != 0;
         let tc_flags = d.tc_flags.load(r);
         if tc_flags & TC_PRESENT != 0 {
             m.timecode = Some(TimeCode {

@@ -114,8 +114,14 @@ pub struct SlotDesc {
     pub tc_seconds: AtomicU32,
     pub tc_frames: AtomicU32,
     pub tc_field_count: AtomicU32,
-    pub _reserved: [AtomicU64; 8],
+    /// [`STREAM_LIVE`]: the producer's pipeline is live (it drops frames while it waits).
+    pub stream_flags: AtomicU32,
+    pub _reserved1: AtomicU32,
+    pub _reserved: [AtomicU64; 7],
 }
+
+/// `SlotDesc::stream_flags` bit: the producer's pipeline is live.
+pub const STREAM_LIVE: u32 = 1;
 
 /// `SlotDesc::tc_flags` bit: the frame carries a time code.
 pub const TC_PRESENT: u32 = 1;

@@ -39,6 +39,8 @@ pub struct FrameMeta {
     /// The producer pipeline's latency in ns (`NONE_U64`: unknown).
     pub latency: u64,
     pub timecode: Option<TimeCode>,
+    /// The producer's pipeline is live.
+    pub live: bool,
 }
 
 /// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).
@@ -236,6 +238,8 @@ impl ProducerRing {
         d.tc_seconds.store(tc.seconds, r);
         d.tc_frames.store(tc.frames, r);
         d.tc_field_count.store(tc.field_count, r);
+        d.stream_flags
+            .store(if m.live { STREAM_LIVE } else { 0 }, r);
         d.seq.store(seq, Ordering::Release);
     }
 }

@@ -237,7 +237,16 @@ pub fn seed_producer(sock: &Path, frames: u32) -> Proc {
         "--height",
         "4",
     ]);
-    p.args(["--frames", &frames.to_string(), "--fps", "0", "--wait"]);
+    // 16 slots: the consumer keeps every frame zero-copy however many its appsink queues.
+    p.args([
+        "--frames",
+        &frames.to_string(),
+        "--fps",
+        "0",
+        "--wait",
+        "--slots",
+        "16",
+    ]);
     let producer = Proc::spawn(p, "pattern_producer");
     wait_for_path(sock, Duration::from_secs(10));
     producer
