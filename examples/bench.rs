@@ -571,7 +571,7 @@ fn gpu_mode() {
     if let Ok(dev) = gstgpushm::cuda::device(-1) {
         if let (Ok(mut gpu), Ok(ring)) = (
             gstgpushm::cuda::kernels::GpuSummer::new(&dev),
-            gstgpushm::ring::producer::ProducerRing::create(1, 2, 3840 * 2160 * 3 / 2),
+            gstgpushm::ring::producer::ProducerRing::create(1, 2, 3840 * 2160 * 3 / 2, false),
         ) {
             let (base, len) = ring.mapping();
             // SAFETY: the ring outlives the registration.

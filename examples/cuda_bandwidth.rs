@@ -40,7 +40,7 @@ fn main() {
         .build()
         .expect("info");
     let size = info.size();
-    let ring = ProducerRing::create(1, frames, size as u64).expect("ring");
+    let ring = ProducerRing::create(1, frames, size as u64, false).expect("ring");
     for s in 0..frames {
         let p = ring.slot_ptr(s);
         for i in 0..size {

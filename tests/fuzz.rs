@@ -4,7 +4,9 @@
 //! random bytes and random chunkings at a real socket. Nothing may panic; whatever decodes
 //! must round-trip. Bounded case counts keep this to seconds in CI.
 //!
-//! Regenerate the corpus with `cargo test --test fuzz -- --ignored regenerate_wire_corpus`.
+//! The corpus is built into the test binary, so it runs wherever the binary does (the GPU
+//! machine too). `corpus_matches_the_protocol` fails when the protocol changed and the corpus
+//! did not; rewrite it with `GPUSHM_WRITE_CORPUS=1 cargo test --test fuzz corpus_matches`.
 
 use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, MAX_PAYLOAD};
 use proptest::prelude::*;
@@ -12,24 +14,39 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
-fn corpus_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/wire")
+macro_rules! corpus_files {
+    ($($name:literal,)*) => {
+        &[$(($name, include_bytes!(concat!("corpus/wire/", $name, ".bin")) as &[u8]),)*]
+    };
 }
 
+/// The committed corpus, embedded.
+const CORPUS: &[(&str, &[u8])] = corpus_files!(
+    "bad-announced-fds",
+    "bad-fd-count",
+    "bad-http",
+    "bad-huge-length",
+    "bad-kind",
+    "bad-magic",
+    "bad-not-utf8",
+    "bad-oversized-length",
+    "bad-string-past-end",
+    "bad-trailing-bytes",
+    "bad-version",
+    "bad-zeros",
+    "ok-caps",
+    "ok-eos",
+    "ok-error",
+    "ok-hello",
+    "ok-ring",
+    "ok-welcome",
+);
+
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(corpus_dir())
-        .expect("tests/corpus/wire")
-        .filter_map(|e| e.ok())
-        .map(|e| {
-            (
-                e.file_name().to_string_lossy().into_owned(),
-                std::fs::read(e.path()).unwrap(),
-            )
-        })
-        .collect();
-    v.sort();
-    assert!(v.len() >= 10, "the corpus is committed");
-    v
+    CORPUS
+        .iter()
+        .map(|(n, b)| (n.to_string(), b.to_vec()))
+        .collect()
 }
 
 /// Whatever decodes re-encodes to an equal message.
@@ -130,16 +147,12 @@ proptest! {
     }
 }
 
-/// Writes the corpus: valid messages of every kind, and known attacks.
-#[test]
-#[ignore]
-fn regenerate_wire_corpus() {
-    let dir = corpus_dir();
-    std::fs::create_dir_all(&dir).unwrap();
+/// The corpus as the protocol makes it now: valid messages of every kind, and known attacks.
+fn generate_corpus() -> Vec<(String, Vec<u8>)> {
     let valid = [
         ("ok-hello", Message::Hello { flags: FLAG_LOSSLESS, pid: 4242, name: "gpushmsrc0".into() }),
         ("ok-welcome", Message::Welcome { client_id: 3, queue_capacity: 128 }),
-        ("ok-ring", Message::Ring { ring_gen: 2, slot_count: 8, slot_size: 12443648, total_size: 99553280 }),
+        ("ok-ring", Message::Ring { ring_gen: 2, flags: 0, slot_count: 8, slot_size: 12443648, total_size: 99553280 }),
         (
             "ok-caps",
             Message::Caps {
@@ -194,7 +207,33 @@ fn regenerate_wire_corpus() {
         b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n".to_vec(),
     ));
     files.push(("bad-zeros".into(), vec![0; 64]));
-    for (name, bytes) in files {
-        std::fs::write(dir.join(format!("{name}.bin")), bytes).unwrap();
+    files.sort();
+    files
+}
+
+/// The committed corpus is what the protocol makes today (or is rewritten on request).
+#[test]
+fn corpus_matches_the_protocol() {
+    let fresh = generate_corpus();
+    if std::env::var_os("GPUSHM_WRITE_CORPUS").is_some() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/wire");
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, bytes) in &fresh {
+            std::fs::write(dir.join(format!("{name}.bin")), bytes).unwrap();
+        }
+        return;
+    }
+    let mut committed = corpus();
+    committed.sort();
+    assert_eq!(
+        fresh.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        committed.iter().map(|f| &f.0).collect::<Vec<_>>(),
+        "corpus file names (update CORPUS in tests/fuzz.rs)"
+    );
+    for ((name, a), (_, b)) in fresh.iter().zip(&committed) {
+        assert_eq!(
+            a, b,
+            "{name}.bin is out of date: GPUSHM_WRITE_CORPUS=1 cargo test --test fuzz corpus_matches"
+        );
     }
 }

@@ -33,7 +33,7 @@ use gst_video::prelude::*;
 use once_cell::sync::Lazy;
 
 use super::pool::SlotPool;
-use super::server::{Event, Policy, Server};
+use super::server::{Config, Event, Policy, Server};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::{FrameMeta, TimeCode};
 
@@ -54,6 +54,8 @@ const DEFAULT_MAX_WAIT: i64 = -1;
 /// What max-wait=-1 waits for a stream that is not live.
 const MAX_WAIT_NOT_LIVE: std::time::Duration = std::time::Duration::from_secs(1);
 const DEFAULT_CLIENT_BUDGET: u32 = 0;
+const DEFAULT_MAX_CLIENTS: u32 = 64;
+const DEFAULT_ALLOW_WRITABLE_RING: bool = false;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -64,6 +66,8 @@ struct Settings {
     cuda_device: i32,
     max_wait: i64,
     client_budget: u32,
+    max_clients: u32,
+    allow_writable_ring: bool,
 }
 
 impl Default for Settings {
@@ -76,6 +80,8 @@ impl Default for Settings {
             cuda_device: DEFAULT_CUDA_DEVICE,
             max_wait: DEFAULT_MAX_WAIT,
             client_budget: DEFAULT_CLIENT_BUDGET,
+            max_clients: DEFAULT_MAX_CLIENTS,
+            allow_writable_ring: DEFAULT_ALLOW_WRITABLE_RING,
         }
     }
 }
@@ -421,6 +427,20 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_CLIENT_BUDGET)
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecUInt::builder("max-clients")
+                    .nick("Max clients")
+                    .blurb("Consumers served at once, at most (handshakes in progress included); more are refused with an error naming this limit. Each costs the producer 4 file descriptors")
+                    .minimum(1)
+                    .maximum(4096)
+                    .default_value(DEFAULT_MAX_CLIENTS)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecBoolean::builder("allow-writable-ring")
+                    .nick("Allow writable ring")
+                    .blurb("Give a writable ring descriptor to consumers that ask for one (their GPU cannot register read-only host memory). Off: every consumer gets the read-only ring, sealed so that no consumer can ever write to it, and such consumers' CUDA elements copy frames instead")
+                    .default_value(DEFAULT_ALLOW_WRITABLE_RING)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt::builder("num-clients")
                     .nick("Number of clients")
                     .blurb("Consumers connected now")
@@ -465,6 +485,8 @@ impl ObjectImpl for GpuShmSink {
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
             "max-wait" => s.max_wait = value.get().expect("type checked"),
             "client-budget" => s.client_budget = value.get().expect("type checked"),
+            "max-clients" => s.max_clients = value.get().expect("type checked"),
+            "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -489,6 +511,8 @@ impl ObjectImpl for GpuShmSink {
             "cuda-device-id" => self.settings().cuda_device.to_value(),
             "max-wait" => self.settings().max_wait.to_value(),
             "client-budget" => self.settings().client_budget.to_value(),
+            "max-clients" => self.settings().max_clients.to_value(),
+            "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
             "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),
             "stats" => self.stats_structure().to_value(),
             _ => unimplemented!(),
@@ -570,7 +594,19 @@ impl BaseSinkImpl for GpuShmSink {
                 }
             }
         });
-        let server = Server::start(&path, s.perms, on_event).map_err(|e| {
+        if s.allow_writable_ring {
+            gst::info!(
+                CAT,
+                imp = self,
+                "allow-writable-ring: rings are not sealed against writes; consumers that ask get a writable descriptor"
+            );
+        }
+        let config = Config {
+            perms: s.perms,
+            allow_writable: s.allow_writable_ring,
+            max_clients: s.max_clients as usize,
+        };
+        let server = Server::start(&path, config, on_event).map_err(|e| {
             gst::error_msg!(
                 gst::ResourceError::OpenWrite,
                 ("Cannot serve {}: {}", path.display(), e)

@@ -18,7 +18,7 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use super::pool::SlotPool;
 use crate::ring::layout::CLIENT_QUEUE_CAPACITY;
 use crate::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING};
+use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use crate::ring::{shm, Error, Result};
 
 /// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
@@ -136,10 +136,29 @@ struct Inner {
     shutdown: bool,
     unlocked: bool,
     events: Vec<Event>,
+    /// Clients removed by other threads, whose descriptors the connection thread may still
+    /// be polling: only that thread drops them, between two polls.
+    closing: Vec<Client>,
+}
+
+/// How a server is set up, fixed at start.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Permissions of the socket file.
+    pub perms: u32,
+    /// Clients that ask for a writable ring get one (rings are then not sealed against
+    /// writes); otherwise every client gets the read-only ring.
+    pub allow_writable: bool,
+    /// Connected clients at most; more are refused with an Error message.
+    pub max_clients: usize,
 }
 
 pub struct Server {
     inner: Mutex<Inner>,
+    config: Config,
+    /// Closed to make room for one accept() when the process runs out of descriptors, so
+    /// that the refused client hears why instead of the listener spinning.
+    reserve: Mutex<Option<std::fs::File>>,
     /// Signalled when a client connects, or on unlock/shutdown (wait-for-connection).
     changed: Condvar,
     /// Signalled when slots come back (releases, disconnects) or on unlock/shutdown.
@@ -157,8 +176,21 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 }
 
 /// Binds `path`, replacing a stale socket file nobody listens on. A live producer on the path
-/// is an error.
+/// is an error, and so is a socket whose owner cannot be checked.
+///
+/// The socket is bound and given `perms` inside a private directory (mode 0700) next to
+/// `path`, then moved into place: nobody can connect to it before it has its final
+/// permissions, whatever the umask.
 fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
+    use std::os::unix::ffi::OsStrExt;
+    let len = path.as_os_str().as_bytes().len();
+    if len > crate::ring::MAX_SOCKET_PATH {
+        return Err(Error::Invalid(format!(
+            "socket-path {} is {len} bytes long: unix socket paths hold at most {} bytes",
+            path.display(),
+            crate::ring::MAX_SOCKET_PATH
+        )));
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(Error::Invalid(format!(
@@ -173,38 +205,74 @@ fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
                     path.display()
                 )))
             }
-            Err(_) => {
-                // Stale: left by a producer that died without cleaning up.
+            // Only "nobody listens" means stale: left by a producer that died.
+            Err(e) if errno(&e) == nix::errno::Errno::ECONNREFUSED => {
                 let _ = std::fs::remove_file(path);
+            }
+            Err(e) => {
+                return Err(Error::os(
+                    format!(
+                        "{} exists and cannot be checked (is another user's producer serving it?)",
+                        path.display()
+                    ),
+                    errno(&e),
+                ))
             }
         }
     }
-    // Bind under a temporary name, fix permissions, then move into place: no client can ever
-    // connect to a socket with looser permissions than asked for.
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".gpushm-{}-{}.tmp",
-        std::process::id(),
-        crate::ring::monotonic_ns()
-    ));
-    let listener = UnixListener::bind(&tmp).map_err(|e| {
+    if path.file_name().is_none() {
+        return Err(Error::Invalid(format!(
+            "socket-path {} names no file",
+            path.display()
+        )));
+    }
+    /// Removes the private directory (and a socket left in it) on every path.
+    struct Private(PathBuf);
+    impl Drop for Private {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0.join("s"));
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    impl Private {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+    // mkdtemp makes it with mode 0700.
+    let private = Private(
+        nix::unistd::mkdtemp(&dir.join(".gpushm-XXXXXX")).map_err(|e| {
+            Error::os(
+                format!("cannot create a directory next to {}", path.display()),
+                e,
+            )
+        })?,
+    );
+    // Bind through the directory's descriptor: the temporary path is short, whatever the
+    // length of the final one.
+    let dirfd = std::fs::File::open(private.path()).map_err(|e| Error::os("open", errno(&e)))?;
+    let short = PathBuf::from(format!("/proc/self/fd/{}/s", dirfd.as_raw_fd()));
+    let listener = UnixListener::bind(&short).map_err(|e| {
         Error::os(
             format!("cannot create socket {}", path.display()),
             errno(&e),
         )
     })?;
-    let done = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(perms & 0o777))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if let Err(e) = done {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(Error::os(
-            format!("cannot create socket {}", path.display()),
-            errno(&e),
-        ));
-    }
+    let tmp = private.path().join("s");
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(perms & 0o777))
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            Error::os(
+                format!("cannot create socket {}", path.display()),
+                errno(&e),
+            )
+        })?;
+    drop(dirfd);
+    drop(private);
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::os("fcntl", errno(&e)))?;
@@ -218,10 +286,10 @@ fn errno(e: &std::io::Error) -> nix::errno::Errno {
 impl Server {
     pub fn start(
         path: &Path,
-        perms: u32,
+        config: Config,
         on_event: Box<dyn Fn(Event) + Send + Sync>,
     ) -> Result<Arc<Self>> {
-        let listener = bind(path, perms)?;
+        let listener = bind(path, config.perms)?;
         let inode = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
         let server = Arc::new(Self {
             inner: Mutex::new(Inner {
@@ -237,7 +305,10 @@ impl Server {
                 shutdown: false,
                 unlocked: false,
                 events: Vec::new(),
+                closing: Vec::new(),
             }),
+            config,
+            reserve: Mutex::new(std::fs::File::open("/dev/null").ok()),
             changed: Condvar::new(),
             released: Condvar::new(),
             wake: shm::new_eventfd()?,
@@ -275,6 +346,7 @@ impl Server {
             let mut inner = lock(&self.inner);
             inner.clients.clear();
             inner.pending.clear();
+            inner.closing.clear();
             inner
                 .rings
                 .iter_mut()
@@ -346,7 +418,12 @@ impl Server {
     ) -> Result<SlotPool> {
         let mut inner = lock(&self.inner);
         let gen = inner.next_ring_gen;
-        let ring = Arc::new(ProducerRing::create(gen, slots, frame_size)?);
+        let ring = Arc::new(ProducerRing::create(
+            gen,
+            slots,
+            frame_size,
+            self.config.allow_writable,
+        )?);
         inner.next_ring_gen += 1;
         let pool = SlotPool::new(ring.clone(), Arc::downgrade(self));
         let caps_gen = inner.caps.as_ref().map_or(1, |c| c.0 + 1);
@@ -399,7 +476,8 @@ impl Server {
     fn send_ring_and_caps(inner: &Inner, c: &Client) -> Result<()> {
         if let Some(r) = inner.rings.last() {
             let g = r.ring.geometry();
-            let ro = if c.writable {
+            let writable = c.writable && r.ring.is_writable();
+            let ro = if writable {
                 r.ring.read_write_fd()?
             } else {
                 r.ring.read_only_fd()?
@@ -407,6 +485,7 @@ impl Server {
             c.conn.send(
                 &Message::Ring {
                     ring_gen: r.ring.ring_gen(),
+                    flags: if writable { RING_WRITABLE } else { 0 },
                     slot_count: g.slot_count,
                     slot_size: g.slot_size,
                     total_size: g.total_size,
@@ -686,7 +765,9 @@ impl Server {
             },
             &[],
         );
-        drop(c);
+        // Its descriptors close in the connection thread, which may be polling them now.
+        inner.closing.push(c);
+        shm::notify(&self.wake);
         // Parked buffers go back to their pools right away; safe here because requeueing
         // never calls back into the server.
         self.give_back(back);
@@ -704,10 +785,12 @@ impl Server {
     fn serve_once(&self) -> bool {
         // Collect what to poll under the lock, poll without it.
         let (raw, deadline) = {
-            let inner = lock(&self.inner);
+            let mut inner = lock(&self.inner);
             if inner.shutdown {
                 return false;
             }
+            // No poll is under way: the descriptors of removed clients can close now.
+            inner.closing.clear();
             let mut raw = vec![
                 (self.wake.as_raw_fd(), Kind::Wake),
                 (self.listener.as_raw_fd(), Kind::Listen),
@@ -738,8 +821,10 @@ impl Server {
             .unwrap_or(PollTimeout::MAX),
             None => PollTimeout::NONE,
         };
-        // SAFETY: every fd is owned by `self` or by an entry of `inner`, and only this thread
-        // removes clients or pending connections, so they stay open during the poll.
+        // SAFETY: every fd is owned by `self` or by an entry of `inner`. Clients removed by
+        // any thread wait in `inner.closing` until this thread clears it before its next
+        // poll, and only this thread removes pending connections: they stay open during the
+        // poll.
         let mut pfds: Vec<PollFd> = raw
             .iter()
             .map(|(fd, _)| PollFd::new(unsafe { BorrowedFd::borrow_raw(*fd) }, PollFlags::POLLIN))
@@ -815,7 +900,37 @@ impl Server {
     }
 
     fn accept_all(&self, inner: &mut Inner) {
-        while let Ok((stream, _)) = self.listener.accept() {
+        loop {
+            let stream = match self.listener.accept() {
+                Ok((stream, _)) => stream,
+                Err(e)
+                    if matches!(
+                        errno(&e),
+                        nix::errno::Errno::EMFILE | nix::errno::Errno::ENFILE
+                    ) =>
+                {
+                    // Out of descriptors: make room for one, tell that client why, close it
+                    // again, so that the listener does not stay readable forever.
+                    let mut reserve = self.reserve.lock().unwrap_or_else(|e| e.into_inner());
+                    *reserve = None;
+                    if let Ok((s, _)) = self.listener.accept() {
+                        let _ = s.set_nonblocking(true);
+                        let _ = Conn::new(s).send(
+                            &Message::Error {
+                                message: "the producer is out of file descriptors".into(),
+                            },
+                            &[],
+                        );
+                    }
+                    *reserve = std::fs::File::open("/dev/null").ok();
+                    inner.events.push(Event::Disconnected {
+                        id: 0,
+                        reason: "refused a connection: out of file descriptors (raise the limit, ulimit -n, or lower max-clients)".into(),
+                    });
+                    return;
+                }
+                Err(_) => return,
+            };
             let (pid, uid) = match getsockopt(&stream, PeerCredentials) {
                 Ok(c) => (c.pid(), c.uid()),
                 Err(_) => (-1, u32::MAX),
@@ -823,8 +938,28 @@ impl Server {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
+            let conn = Conn::new(stream);
+            // Handshakes in flight count against max-clients too: a flood of silent
+            // connections cannot exhaust descriptors either.
+            if inner.clients.len() + inner.pending.len() >= self.config.max_clients {
+                let why = format!(
+                    "the producer already serves its maximum of {} consumers (max-clients)",
+                    self.config.max_clients
+                );
+                let _ = conn.send(
+                    &Message::Error {
+                        message: why.clone(),
+                    },
+                    &[],
+                );
+                inner.events.push(Event::Disconnected {
+                    id: 0,
+                    reason: format!("refused pid {pid} (uid {uid}): {why}"),
+                });
+                continue;
+            }
             inner.pending.push(Pending {
-                conn: Conn::new(stream),
+                conn,
                 since: Instant::now(),
                 pid,
                 uid,
@@ -842,9 +977,16 @@ impl Server {
                     name,
                 },
                 _,
-            ))) if inner.pending[i].conn.stray_fds() == 0 => Ok((flags, name)),
-            Ok(Some((Message::Hello { .. }, _))) => {
+            ))) if inner.pending[i].conn.stray_fds() == 0
+                && inner.pending[i].conn.buffered() == 0 =>
+            {
+                Ok((flags, name))
+            }
+            Ok(Some((Message::Hello { .. }, _))) if inner.pending[i].conn.stray_fds() > 0 => {
                 Err("the client sent file descriptors; clients never send any".to_string())
+            }
+            Ok(Some((Message::Hello { .. }, _))) => {
+                Err("the client sent more than Hello before its Welcome".to_string())
             }
             Ok(Some((m, _))) => Err(format!("expected Hello, got {m:?}")),
             Err(e) => Err(e.to_string()),
@@ -867,9 +1009,15 @@ impl Server {
             }
         };
         let id = inner.next_client_id;
-        if flags & FLAG_WRITABLE_RING != 0 {
+        let writable = flags & FLAG_WRITABLE_RING != 0 && self.config.allow_writable;
+        if writable {
             inner.events.push(Event::Info(format!(
-                "client {id} (pid {}) gets a writable ring mapping: its GPU cannot register read-only memory",
+                "client {id} (pid {}) gets a writable ring mapping: its GPU cannot register read-only memory (allow-writable-ring=true)",
+                p.pid
+            )));
+        } else if flags & FLAG_WRITABLE_RING != 0 {
+            inner.events.push(Event::Info(format!(
+                "client {id} (pid {}) asked for a writable ring (its GPU cannot register read-only memory) and gets the read-only one: allow-writable-ring is false",
                 p.pid
             )));
         }
@@ -895,7 +1043,7 @@ impl Server {
                 sent: 0,
                 lagging: false,
                 times_lagged: 0,
-                writable: flags & FLAG_WRITABLE_RING != 0,
+                writable,
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {

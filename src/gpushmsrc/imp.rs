@@ -65,6 +65,7 @@ const DEFAULT_CUDA_DEVICE: i32 = -1;
 const DEFAULT_RECONNECT: bool = true;
 const DEFAULT_RECONNECT_INTERVAL: u64 = 100_000_000;
 const DEFAULT_MAX_SIZE_BUFFERS: u32 = 0;
+const DEFAULT_PRODUCER_UID: i64 = -1;
 const DEFAULT_MAX_SIZE_BYTES: u64 = 256 << 20;
 const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
 /// How far past its publish time a frame's mapped timestamp may lie before the producer's
@@ -91,6 +92,7 @@ struct Settings {
     max_size_buffers: u32,
     max_size_bytes: u64,
     max_size_time: u64,
+    producer_uid: i64,
 }
 
 impl Default for Settings {
@@ -105,6 +107,7 @@ impl Default for Settings {
             max_size_buffers: DEFAULT_MAX_SIZE_BUFFERS,
             max_size_bytes: DEFAULT_MAX_SIZE_BYTES,
             max_size_time: DEFAULT_MAX_SIZE_TIME,
+            producer_uid: DEFAULT_PRODUCER_UID,
         }
     }
 }
@@ -376,6 +379,14 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_MAX_SIZE_TIME)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecInt64::builder("producer-uid")
+                    .nick("Producer uid")
+                    .blurb("User the producer must run as (checked with SO_PEERCRED on every connection): -1 = this process's user or root. A socket served by anyone else is refused, so that another user binding the path cannot feed frames; set it for a camera service running as its own user")
+                    .minimum(-1)
+                    .maximum(u32::MAX as i64)
+                    .default_value(DEFAULT_PRODUCER_UID)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
                     .blurb("Frames this consumer did not get: taken back by the producer because it fell behind (leaky), skipped while it was lagging (lossless, past max-wait), or dropped from its own queue past max-size-* (leaky)")
@@ -408,6 +419,7 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-buffers" => s.max_size_buffers = value.get().expect("type checked"),
             "max-size-bytes" => s.max_size_bytes = value.get().expect("type checked"),
             "max-size-time" => s.max_size_time = value.get().expect("type checked"),
+            "producer-uid" => s.producer_uid = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -428,6 +440,7 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-buffers" => self.settings().max_size_buffers.to_value(),
             "max-size-bytes" => self.settings().max_size_bytes.to_value(),
             "max-size-time" => self.settings().max_size_time.to_value(),
+            "producer-uid" => self.settings().producer_uid.to_value(),
             "frames-dropped" => self.shared().map_or(0u64, |s| s.dropped()).to_value(),
             "frames-copied" => self
                 .shared()
@@ -532,6 +545,7 @@ impl BaseSrcImpl for GpuShmSrc {
             name: self.obj().name().to_string(),
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
+            producer_uid: u32::try_from(s.producer_uid).ok(),
         };
         // Connecting (and waiting for a producer) happens in the receiver thread: a pipeline
         // can be stopped while it waits.

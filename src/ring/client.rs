@@ -13,10 +13,11 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::producer::{Entry, FrameMeta};
-use super::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING};
+use super::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use super::{shm, Error, Result};
 
 /// Caps generations remembered for frames still queued from before a caps change.
@@ -105,6 +106,10 @@ pub struct ConnectOptions {
     pub timeout: Duration,
     /// How often to try while waiting.
     pub retry: Duration,
+    /// The user the producer must run as; `None`: this process's user, or root. Checked with
+    /// SO_PEERCRED, so that a process of another user that binds the path (after the
+    /// producer stopped, in a shared directory) cannot feed us frames.
+    pub producer_uid: Option<u32>,
 }
 
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
@@ -195,8 +200,9 @@ impl Connection {
         loop {
             match Self::connect_once(path, opts, wake, deadline) {
                 // A producer that dies (or is being replaced) can accept a connection and
-                // close it before answering: try again while time is left.
-                Err(Error::Disconnected) if Instant::now() < deadline => {
+                // close it before answering, and an impostor may give way to the real one:
+                // try again while time is left.
+                Err(Error::Disconnected | Error::WrongPeer(_)) if Instant::now() < deadline => {
                     if let Some(w) = wake {
                         let ms = opts.retry.as_millis().clamp(1, u16::MAX as u128) as u16;
                         let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
@@ -245,6 +251,25 @@ impl Connection {
                 }
             }
         };
+        let me = nix::unistd::getuid().as_raw();
+        let peer = getsockopt(&stream, PeerCredentials)
+            .map_err(|e| Error::os("reading the producer's credentials (SO_PEERCRED)", e))?;
+        let accepted = match opts.producer_uid {
+            Some(uid) => peer.uid() == uid,
+            None => peer.uid() == me || peer.uid() == 0,
+        };
+        if !accepted {
+            return Err(Error::WrongPeer(format!(
+                "{} is served by pid {} of uid {}, not by {}: refusing its frames (set producer-uid to accept a producer of another user)",
+                path.display(),
+                peer.pid(),
+                peer.uid(),
+                match opts.producer_uid {
+                    Some(u) => format!("uid {u} (producer-uid)"),
+                    None => format!("this user (uid {me}) or root"),
+                }
+            )));
+        }
         stream.set_nonblocking(true).map_err(|e| {
             Error::os(
                 "fcntl",
@@ -399,6 +424,7 @@ impl Connection {
             match msg {
                 Message::Ring {
                     ring_gen,
+                    flags,
                     slot_count,
                     slot_size,
                     total_size,
@@ -406,9 +432,14 @@ impl Connection {
                     let fd = fds
                         .pop()
                         .ok_or_else(|| Error::protocol("Ring arrived without its descriptor"))?;
+                    if flags & RING_WRITABLE != 0 && !self.writable {
+                        return Err(Error::protocol(
+                            "the producer sent a writable ring nobody asked for",
+                        ));
+                    }
                     let ring = ConsumerRing::open(
                         fd,
-                        self.writable,
+                        flags & RING_WRITABLE != 0,
                         ring_gen,
                         slot_count,
                         slot_size,

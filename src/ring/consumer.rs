@@ -440,7 +440,7 @@ mod tests {
     }
 
     fn open_pair(slots: u32, size: u64) -> (ProducerRing, ConsumerRing) {
-        let p = ProducerRing::create(1, slots, size).unwrap();
+        let p = ProducerRing::create(1, slots, size, false).unwrap();
         let g = p.geometry();
         let c = ConsumerRing::open(
             p.read_only_fd().unwrap(),
@@ -587,6 +587,25 @@ mod tests {
         assert!(cch.release(e));
         assert!(pch.take_releases().is_err());
 
+        // A batch that starts with a frame it holds and goes on with one it never got: the
+        // held frame is still held afterwards, so dropping the client gives it back.
+        let (mut pch, cch) = client_pair();
+        let held = Entry {
+            seq: 1,
+            ring_gen: 1,
+            slot: 0,
+        };
+        pch.deliver(held).unwrap();
+        let e = cch.take().unwrap().unwrap();
+        assert!(cch.release(e));
+        assert!(cch.release(Entry {
+            seq: 7,
+            ring_gen: 1,
+            slot: 2
+        }));
+        assert!(pch.take_releases().is_err());
+        assert_eq!(pch.outstanding().copied().collect::<Vec<_>>(), vec![held]);
+
         // Read position moved past what was written.
         let (mut pch, cch) = client_pair();
         cch.header().rpos.store(5, Ordering::Relaxed);
@@ -599,7 +618,7 @@ mod tests {
 
     #[test]
     fn corrupted_header_is_rejected() {
-        let p = ProducerRing::create(1, 4, 4096).unwrap();
+        let p = ProducerRing::create(1, 4, 4096, false).unwrap();
         let g = p.geometry();
         let open = || {
             ConsumerRing::open(
@@ -763,7 +782,7 @@ mod tests {
 
     #[test]
     fn slot_of_ptr_maps_back() {
-        let p = ProducerRing::create(1, 4, 5000).unwrap();
+        let p = ProducerRing::create(1, 4, 5000, false).unwrap();
         for s in 0..4 {
             assert_eq!(p.slot_of_ptr(p.slot_ptr(s)), Some(s));
             assert_eq!(p.slot_of_ptr(unsafe { p.slot_ptr(s).add(1) }), None);
@@ -821,7 +840,7 @@ mod tests {
             /// Random header values: opening errors, or the geometry is exactly the announced one.
             #[test]
             fn headers_are_validated(field in 0usize..9, value in any::<u64>()) {
-                let p = ProducerRing::create(1, 4, 8192).unwrap();
+                let p = ProducerRing::create(1, 4, 8192, false).unwrap();
                 let g = p.geometry();
                 let h = p.header();
                 match field {

@@ -39,6 +39,8 @@ pub enum Error {
     Invalid(String),
     /// The peer refused us or closed the connection, saying why.
     Refused(String),
+    /// The socket is served by a process of a user we do not accept frames from.
+    WrongPeer(String),
 }
 
 impl Error {
@@ -65,7 +67,7 @@ impl fmt::Display for Error {
             Error::Disconnected => write!(f, "the peer closed the connection"),
             Error::Timeout(m) => write!(f, "timed out: {m}"),
             Error::Interrupted => write!(f, "interrupted"),
-            Error::Invalid(m) | Error::Refused(m) => write!(f, "{m}"),
+            Error::Invalid(m) | Error::Refused(m) | Error::WrongPeer(m) => write!(f, "{m}"),
         }
     }
 }

@@ -79,6 +79,12 @@ pub struct ProducerRing {
     /// registration). Declared first: fields drop in order.
     attachment: std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>,
     fd: OwnedFd,
+    /// Opened read-only when the ring was made, before any client could touch the memfd:
+    /// clients get duplicates of it, so nothing a client does to the inode (fchmod) can stop
+    /// the producer from handing out more.
+    ro_fd: OwnedFd,
+    /// The ring is not sealed against writes: clients that ask get a writable descriptor.
+    writable: bool,
     _map: MmapMut,
     base: Base,
     geom: RingGeometry,
@@ -86,20 +92,31 @@ pub struct ProducerRing {
 }
 
 impl ProducerRing {
-    pub fn create(ring_gen: u32, slot_count: u32, min_slot_size: u64) -> Result<Self> {
+    /// A new ring. Unless `writable`, it is sealed against writes once the producer has
+    /// mapped it: no consumer can ever write to it, whatever descriptor tricks it plays.
+    pub fn create(
+        ring_gen: u32,
+        slot_count: u32,
+        min_slot_size: u64,
+        writable: bool,
+    ) -> Result<Self> {
         let geom = RingGeometry::new(slot_count, min_slot_size).ok_or_else(|| {
             Error::Invalid(format!(
                 "cannot build a ring of {slot_count} slots of {min_slot_size} bytes \
                  (1..={MAX_SLOTS} slots of at most {MAX_SLOT_SIZE} bytes)"
             ))
         })?;
-        let fd = shm::create_sealed_memfd(&format!("gpushm-ring-{ring_gen}"), geom.total_size)?;
+        let fd = shm::create_memfd(&format!("gpushm-ring-{ring_gen}"), geom.total_size)?;
         let mut map = shm::map_rw(&fd, geom.total_size)?;
+        let ro_fd = shm::reopen_read_only(fd.as_fd())?;
+        shm::seal(fd.as_fd(), !writable)?;
         let base =
             Base(NonNull::new(map.as_mut_ptr()).ok_or_else(|| Error::corrupt("null mapping"))?);
         let ring = Self {
             attachment: Default::default(),
             fd,
+            ro_fd,
+            writable,
             _map: map,
             base,
             geom,
@@ -189,18 +206,24 @@ impl ProducerRing {
 
     /// A read-only descriptor of the ring for a client.
     pub fn read_only_fd(&self) -> Result<OwnedFd> {
-        shm::reopen_read_only(self.fd.as_fd())
+        dup(&self.ro_fd)
+    }
+
+    /// Whether clients may get a writable descriptor ([`Self::read_write_fd`]).
+    pub fn is_writable(&self) -> bool {
+        self.writable
     }
 
     /// A writable descriptor of the ring, for a client whose GPU cannot register read-only
-    /// memory.
+    /// memory, when the ring was made writable; otherwise an error.
     pub fn read_write_fd(&self) -> Result<OwnedFd> {
-        self.fd.try_clone().map_err(|e| {
-            Error::os(
-                "dup",
-                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
-            )
-        })
+        if !self.writable {
+            return Err(Error::Invalid(
+                "the ring is sealed against writes: the producer does not allow writable rings"
+                    .into(),
+            ));
+        }
+        dup(&self.fd)
     }
 
     /// Writes the descriptor of `slot`, then makes it visible as frame `seq`.
@@ -242,6 +265,15 @@ impl ProducerRing {
             .store(if m.live { STREAM_LIVE } else { 0 }, r);
         d.seq.store(seq, Ordering::Release);
     }
+}
+
+fn dup(fd: &OwnedFd) -> Result<OwnedFd> {
+    fd.try_clone().map_err(|e| {
+        Error::os(
+            "dup",
+            nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+        )
+    })
 }
 
 /// The producer's end of one client's control memfd, plus the producer's private record of
@@ -411,9 +443,12 @@ impl ClientChannel {
                 self.rel_rpos + self.capacity as u64
             )));
         }
+        // Validate the whole batch before changing anything: on an error the caller drops
+        // the client and gives back everything it still holds, this batch included.
         let mut out = Vec::new();
-        while self.rel_rpos < w {
-            let q = self.entry(1, self.rel_rpos);
+        let mut held = self.held.clone();
+        for pos in self.rel_rpos..w {
+            let q = self.entry(1, pos);
             let seq = q.seq.load(Ordering::Relaxed);
             let (ring_gen, slot) = unpack_loc(q.loc.load(Ordering::Relaxed));
             let e = Entry {
@@ -421,15 +456,16 @@ impl ClientChannel {
                 ring_gen,
                 slot,
             };
-            let Some(i) = self.held.iter().position(|h| *h == e) else {
+            let Some(i) = held.iter().position(|h| *h == e) else {
                 return Err(Error::protocol(format!(
                     "client released frame {seq} (ring {ring_gen}, slot {slot}) that it does not hold"
                 )));
             };
-            self.held.swap_remove(i);
+            held.swap_remove(i);
             out.push(e);
-            self.rel_rpos += 1;
         }
+        self.held = held;
+        self.rel_rpos = w;
         self.header()
             .rel_rpos
             .store(self.rel_rpos, Ordering::Release);

@@ -17,18 +17,40 @@ use super::{Error, Result};
 
 /// Creates a memfd of `size` bytes, sealed so that nobody can shrink, grow or reseal it.
 pub fn create_sealed_memfd(name: &str, size: u64) -> Result<OwnedFd> {
+    let fd = create_memfd(name, size)?;
+    seal(fd.as_fd(), false)?;
+    Ok(fd)
+}
+
+/// Creates a memfd of `size` bytes that can still be sealed ([`seal`]).
+pub fn create_memfd(name: &str, size: u64) -> Result<OwnedFd> {
     let fd = memfd_create(name, MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
         .map_err(|e| Error::os("memfd_create", e))?;
     nix::unistd::ftruncate(&fd, size as i64)
         .map_err(|e| Error::os(format!("ftruncate({size})"), e))?;
-    fcntl(
-        &fd,
-        FcntlArg::F_ADD_SEALS(
-            SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL,
-        ),
-    )
-    .map_err(|e| Error::os("sealing the memfd", e))?;
     Ok(fd)
+}
+
+/// Seals a memfd so that nobody can shrink, grow or reseal it; with `no_new_writers`, also so
+/// that nobody can map it writable or write to it any more (F_SEAL_FUTURE_WRITE, Linux 5.1):
+/// writable mappings made before stay valid, and a read-only descriptor reopened as
+/// /proc/self/fd/N with O_RDWR still cannot write.
+pub fn seal(fd: BorrowedFd<'_>, no_new_writers: bool) -> Result<()> {
+    let mut seals = SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL;
+    if no_new_writers {
+        seals |= SealFlag::F_SEAL_FUTURE_WRITE;
+    }
+    fcntl(fd, FcntlArg::F_ADD_SEALS(seals)).map_err(|e| {
+        Error::os(
+            if no_new_writers {
+                "sealing the ring against writes (F_SEAL_FUTURE_WRITE needs Linux 5.1 or newer)"
+            } else {
+                "sealing the memfd"
+            },
+            e,
+        )
+    })?;
+    Ok(())
 }
 
 /// A new descriptor for the same memfd, opened read-only: whoever receives it can map the
@@ -134,6 +156,37 @@ mod tests {
         assert!(unsafe { MmapOptions::new().len(8192).map_mut(&file) }.is_err());
         let map = map_ro(&ro, 8192).unwrap();
         assert_eq!(map.len(), 8192);
+    }
+
+    /// A consumer holding the read-only descriptor of a ring sealed against writes cannot
+    /// write to it, not even by reopening it read-write through /proc, and cannot stop the
+    /// producer's own mapping from working.
+    #[test]
+    fn future_write_seal_stops_every_writer_but_the_producer() {
+        let fd = create_memfd("ring", 8192).unwrap();
+        let mut mine = map_rw(&fd, 8192).unwrap();
+        let ro = reopen_read_only(fd.as_fd()).unwrap();
+        seal(fd.as_fd(), true).unwrap();
+        // The producer's mapping still writes.
+        mine[0] = 42;
+        // A consumer reopens its read-only descriptor read-write...
+        let rw = nix::fcntl::open(
+            format!("/proc/self/fd/{}", ro.as_raw_fd()).as_str(),
+            OFlag::O_RDWR | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .expect("open itself is allowed");
+        let file = File::from(rw);
+        // ...but can neither map it writable nor write to it.
+        assert!(unsafe { MmapOptions::new().len(8192).map_mut(&file) }.is_err());
+        use std::io::Write;
+        assert!((&file).write(b"x").is_err());
+        // fchmod through the read-only descriptor changes nothing for the producer: it keeps
+        // the descriptor it hands out from the start.
+        let _ = nix::sys::stat::fchmod(&ro, Mode::empty());
+        assert!(ro.try_clone().is_ok());
+        let map = map_ro(&ro, 8192).unwrap();
+        assert_eq!(map[0], 42);
     }
 
     #[test]

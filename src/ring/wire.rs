@@ -18,7 +18,7 @@
 //! |------|-----------|---------|-----|
 //! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring), pid u32, name str | – |
 //! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready eventfd, release eventfd |
-//! | 3 Ring    | sink → src | ring_gen u32, slot_count u32, slot_size u64, total_size u64 | ring memfd, read-only unless the client asked for writable |
+//! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
 //! | 6 Error   | either     | message str | – |
@@ -28,24 +28,29 @@
 //! always before the first frame that uses them is delivered.
 
 use std::collections::VecDeque;
-use std::io::{IoSlice, IoSliceMut};
+use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags, UnixAddr};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
 use super::{Error, Result};
 
 pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
 pub const FLAG_LOSSLESS: u32 = 1;
 /// The consumer's GPU cannot register read-only memory: it asks for a writable ring descriptor.
 pub const FLAG_WRITABLE_RING: u32 = 2;
+/// `Ring.flags`: the descriptor is writable (granted to a client that asked, when the producer
+/// allows it); otherwise it is read-only and the ring is sealed against writes.
+pub const RING_WRITABLE: u32 = 1;
+/// Most descriptors one recvmsg() takes in (the kernel's SCM_MAX_FD); more are refused.
+const RECV_FDS: usize = 253;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -60,6 +65,7 @@ pub enum Message {
     },
     Ring {
         ring_gen: u32,
+        flags: u32,
         slot_count: u32,
         slot_size: u64,
         total_size: u64,
@@ -113,11 +119,13 @@ impl Message {
             }
             Message::Ring {
                 ring_gen,
+                flags,
                 slot_count,
                 slot_size,
                 total_size,
             } => {
                 p.extend_from_slice(&ring_gen.to_le_bytes());
+                p.extend_from_slice(&flags.to_le_bytes());
                 p.extend_from_slice(&slot_count.to_le_bytes());
                 p.extend_from_slice(&slot_size.to_le_bytes());
                 p.extend_from_slice(&total_size.to_le_bytes());
@@ -200,6 +208,7 @@ impl Message {
             },
             3 => Message::Ring {
                 ring_gen: r.u32()?,
+                flags: r.u32()?,
                 slot_count: r.u32()?,
                 slot_size: r.u64()?,
                 total_size: r.u64()?,
@@ -269,6 +278,62 @@ impl Reader<'_> {
     }
 }
 
+/// One recvmsg() without blocking: the bytes read, every descriptor that arrived (owned, so
+/// none can leak, whatever the peer sent), and whether control data was truncated. nix
+/// refuses to walk truncated control data, but the descriptors the kernel did install are
+/// in it and must be closed, so the walk is done here.
+fn recv_with_fds(
+    fd: RawFd,
+    buf: &mut [u8],
+) -> std::result::Result<(usize, Vec<OwnedFd>, bool), nix::errno::Errno> {
+    // SAFETY: CMSG_SPACE is a pure computation.
+    let space = unsafe { nix::libc::CMSG_SPACE((RECV_FDS * std::mem::size_of::<RawFd>()) as u32) };
+    // u64 elements: aligned for cmsghdr.
+    let mut control = vec![0u64; (space as usize).div_ceil(8) + 1];
+    let mut iov = nix::libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: an all-zero msghdr is valid; the fields set below point at live buffers.
+    let mut mh: nix::libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = &mut iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control.as_mut_ptr().cast();
+    mh.msg_controllen = (control.len() * 8) as _;
+    // SAFETY: mh describes valid, writable buffers for the duration of the call.
+    let n = unsafe {
+        nix::libc::recvmsg(
+            fd,
+            &mut mh,
+            nix::libc::MSG_DONTWAIT | nix::libc::MSG_CMSG_CLOEXEC,
+        )
+    };
+    if n < 0 {
+        return Err(nix::errno::Errno::last());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the kernel set msg_controllen to the control bytes it wrote; CMSG_FIRSTHDR and
+    // CMSG_NXTHDR stay within them, and each SCM_RIGHTS payload holds cmsg_len - CMSG_LEN(0)
+    // bytes of descriptors it installed for us.
+    unsafe {
+        let mut c = nix::libc::CMSG_FIRSTHDR(&mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == nix::libc::SOL_SOCKET && (*c).cmsg_type == nix::libc::SCM_RIGHTS {
+                let data = nix::libc::CMSG_DATA(c) as *const RawFd;
+                let len = ((*c).cmsg_len as usize).saturating_sub(nix::libc::CMSG_LEN(0) as usize);
+                for i in 0..len / std::mem::size_of::<RawFd>() {
+                    let raw = std::ptr::read_unaligned(data.add(i));
+                    if raw >= 0 {
+                        fds.push(OwnedFd::from_raw_fd(raw));
+                    }
+                }
+            }
+            c = nix::libc::CMSG_NXTHDR(&mh, c);
+        }
+    }
+    Ok((n as usize, fds, mh.msg_flags & nix::libc::MSG_CTRUNC != 0))
+}
+
 /// One end of the control socket: framing, descriptor passing, and a receive buffer so that
 /// partial reads and several messages per read both work.
 pub struct Conn {
@@ -296,8 +361,8 @@ impl Conn {
         self.stream.as_raw_fd()
     }
 
-    /// Sends `msg` with `fds`; never blocks for long: a peer whose socket buffer is full
-    /// (it stopped reading) gets an error instead of stalling the sender.
+    /// Sends `msg` with `fds`; never blocks: a peer whose socket buffer is full (it stopped
+    /// reading) gets an error instead of stalling the sender.
     pub fn send(&self, msg: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
         if fds.len() as u32 != msg.expected_fds() {
             return Err(Error::protocol(format!(
@@ -327,14 +392,9 @@ impl Conn {
                 Ok(n) => sent += n,
                 Err(nix::errno::Errno::EINTR) => {}
                 Err(nix::errno::Errno::EAGAIN) => {
-                    // Allow a slow reader one second before giving up on it.
-                    let mut pfd = [PollFd::new(self.stream_fd(), PollFlags::POLLOUT)];
-                    if poll(&mut pfd, PollTimeout::from(1000u16))
-                        .map_err(|e| Error::os("poll", e))?
-                        == 0
-                    {
-                        return Err(Error::Timeout("the peer does not read its socket".into()));
-                    }
+                    // Messages are small and rare: a full socket buffer means the peer stopped
+                    // reading. Never wait for it (the sender may hold a lock others need).
+                    return Err(Error::Timeout("the peer does not read its socket".into()));
                 }
                 Err(nix::errno::Errno::EPIPE) | Err(nix::errno::Errno::ECONNRESET) => {
                     return Err(Error::Disconnected)
@@ -358,37 +418,21 @@ impl Conn {
             return Ok(false);
         }
         let mut buf = [0u8; 4096];
-        let mut cmsg = nix::cmsg_space!([RawFd; MAX_FDS as usize]);
-        let (n, fds) = {
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = match recvmsg::<UnixAddr>(
-                self.stream.as_raw_fd(),
-                &mut iov,
-                Some(&mut cmsg),
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-            ) {
-                Ok(m) => m,
-                Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => return Ok(false),
-                Err(nix::errno::Errno::ECONNRESET) => {
-                    self.eof = true;
-                    return Ok(false);
-                }
-                Err(e) => return Err(Error::os("recvmsg", e)),
-            };
-            let mut fds = Vec::new();
-            let cmsgs = msg
-                .cmsgs()
-                .map_err(|_| Error::protocol("too many descriptors (control data truncated)"))?;
-            for c in cmsgs {
-                if let ControlMessageOwned::ScmRights(list) = c {
-                    for fd in list {
-                        // SAFETY: the kernel just installed this descriptor for us.
-                        fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-                    }
-                }
+        let (n, fds, truncated) = match recv_with_fds(self.stream.as_raw_fd(), &mut buf) {
+            Ok(r) => r,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => return Ok(false),
+            Err(nix::errno::Errno::ECONNRESET) => {
+                self.eof = true;
+                return Ok(false);
             }
-            (msg.bytes, fds)
+            Err(e) => return Err(Error::os("recvmsg", e)),
         };
+        if truncated {
+            // What did arrive is owned by `fds` and closed with it.
+            return Err(Error::protocol(
+                "the peer sent more descriptors than any message carries (control data truncated)",
+            ));
+        }
         if n == 0 && fds.is_empty() {
             self.eof = true;
             return Ok(false);
@@ -411,6 +455,11 @@ impl Conn {
     /// Descriptors received that no message claimed (yet).
     pub fn stray_fds(&self) -> usize {
         self.fds.len()
+    }
+
+    /// Bytes received that no message took yet.
+    pub fn buffered(&self) -> usize {
+        self.rbuf.len()
     }
 
     /// Takes one complete message from the receive buffer, if there is one.
@@ -496,6 +545,7 @@ mod tests {
             },
             Message::Ring {
                 ring_gen: 2,
+                flags: RING_WRITABLE,
                 slot_count: 8,
                 slot_size: 1 << 22,
                 total_size: (8 << 22) + 4096,
