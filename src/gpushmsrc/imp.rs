@@ -77,6 +77,10 @@ const FUTURE_TOLERANCE: u64 = 1_000_000;
 /// publish time (and this latency is answered), so that a frame published a little earlier
 /// than the first one, relative to its timestamp, does not force a new anchor.
 const SHIFT_MARGIN: u64 = 5_000_000;
+/// Largest timestamp handed to GStreamer (GST_CLOCK_TIME_NONE is u64::MAX).
+const MAX_CLOCK_TIME: i128 = (u64::MAX - 1) as i128;
+/// Producer pipeline latencies above this are ignored (answered as 0).
+const MAX_PRODUCER_LATENCY: u64 = 10_000_000_000;
 /// A producer on our clock publishes its frames at most this long after their timestamps;
 /// frames stamped earlier come from another clock.
 const DIRECT_WINDOW: u64 = 10_000_000_000;
@@ -177,6 +181,8 @@ impl GpuShmSrc {
         }
         match st.receiver.shared.latency.load(Ordering::Relaxed) {
             NONE_U64 => 0,
+            // A producer claiming more is broken or hostile: sinks would wait that long.
+            l if l > MAX_PRODUCER_LATENCY => 0,
             l => l,
         }
     }
@@ -211,7 +217,10 @@ impl GpuShmSrc {
             f.arrival_ns
         };
         let pub_ours = now_ours - now_mono.saturating_sub(published) as i128;
-        let running = |t: i128| gst::ClockTime::from_nseconds((t - base).max(0) as u64);
+        // Clamped: values read from shared memory can be anything, and ClockTime cannot hold
+        // u64::MAX.
+        let running =
+            |t: i128| gst::ClockTime::from_nseconds((t - base).clamp(0, MAX_CLOCK_TIME) as u64);
         if m.pts_clock == NONE_U64 {
             // No clock time: place it at its publish time.
             b.set_pts(running(pub_ours));

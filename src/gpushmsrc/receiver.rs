@@ -727,19 +727,26 @@ pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result
             info.n_planes()
         ));
     }
-    let finfo = info.format_info();
     for p in 0..info.n_planes() as usize {
-        // Rows of plane p: the tallest component stored in it.
-        let rows = (0..finfo.n_components())
-            .filter(|&c| finfo.plane()[c as usize] as usize == p)
-            .map(|c| info.comp_height(c as u8))
-            .max()
-            .unwrap_or(info.height()) as u64;
-        let end = m.plane_offset[p].checked_add((m.plane_stride[p] as u64).saturating_mul(rows));
+        // Each row of the plane must hold its visible bytes (a stride narrower than that makes
+        // readers run past the plane), and the last row must end inside the payload.
+        let rows = crate::pattern::plane_rows(info, p) as u64;
+        let row_bytes = crate::pattern::plane_row_bytes(info, p) as u64;
+        let stride = m.plane_stride[p] as u64;
+        if stride < row_bytes {
+            return Err(format!(
+                "frame {} plane {p}: stride {stride} is narrower than its {row_bytes} visible bytes a row",
+                frame.seq
+            ));
+        }
+        let end = stride
+            .checked_mul(rows.saturating_sub(1))
+            .and_then(|v| v.checked_add(row_bytes))
+            .and_then(|v| v.checked_add(m.plane_offset[p]));
         if end.is_none_or(|e| e > m.payload_size) {
             return Err(format!(
-                "frame {} plane {p} (offset {}, stride {}, {rows} rows) overruns its {} bytes",
-                frame.seq, m.plane_offset[p], m.plane_stride[p], m.payload_size
+                "frame {} plane {p} (offset {}, stride {stride}, {rows} rows of {row_bytes} bytes) overruns its {} bytes",
+                frame.seq, m.plane_offset[p], m.payload_size
             ));
         }
     }

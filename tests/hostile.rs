@@ -1,0 +1,837 @@
+// SPDX-License-Identifier: MPL-2.0
+//! A peer can only hurt itself. Each test attacks the way a hostile peer would, through the
+//! real socket and real shared memory: raw protocol clients, a fake producer built from the
+//! ring's own parts but writing what it likes, connection floods under a low descriptor limit,
+//! a hostile umask, and (as root) a second user. The victims are real processes whose frames
+//! are checked byte for byte.
+
+mod common;
+use common::*;
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gst::glib::translate::IntoGlib;
+use gst::prelude::*;
+use gstgpushm::ring::consumer::ConsumerChannel;
+use gstgpushm::ring::layout::MAX_PLANES;
+use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing, TimeCode};
+use gstgpushm::ring::shm;
+use gstgpushm::ring::wire::{Conn, Message, FLAG_WRITABLE_RING, RING_WRITABLE};
+use nix::sys::eventfd::EventFd;
+
+/// Real-time victims: one attack at a time.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn now() -> u64 {
+    gstgpushm::ring::monotonic_ns()
+}
+
+/// A live 30 fps pattern producer (until killed).
+fn producer(sock: &Path, extra: &[&str]) -> Proc {
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--frames",
+        "0",
+        "--fps",
+        "30",
+    ]);
+    p.args(["--width", "320", "--height", "240", "--format", "I420"]);
+    p.args(extra);
+    let p = Proc::spawn(p, "pattern_producer");
+    wait_for_path(sock, Duration::from_secs(10));
+    p
+}
+
+/// A lossless consumer that checks every byte and prints each frame with its arrival time.
+fn victim(sock: &Path) -> Proc {
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--print",
+        "--lossless",
+        "--no-reconnect",
+    ]);
+    Proc::spawn(c, "victim")
+}
+
+/// (frame number, arrival time) of every FRAME line, asserting each one verified.
+fn frames(lines: &[String]) -> Vec<(u64, u64)> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with("FRAME "))
+        .map(|l| {
+            assert!(l.ends_with("ok=true"), "the victim got a bad frame: {l}");
+            let f = fields(std::slice::from_ref(l), "FRAME ");
+            (num(&f, "n") as u64, num(&f, "t") as u64)
+        })
+        .collect()
+}
+
+/// The victim received every frame at full rate (30 fps) between `from` and `to`.
+fn assert_full_rate(lines: &[String], from: u64, to: u64) {
+    let f: Vec<(u64, u64)> = frames(lines)
+        .into_iter()
+        .filter(|&(_, t)| t >= from && t <= to)
+        .collect();
+    for w in f.windows(2) {
+        assert_eq!(
+            w[1].0,
+            w[0].0 + 1,
+            "the victim missed frames after {}",
+            w[0].0
+        );
+    }
+    let expected = (to - from) as f64 * 30.0 / 1e9;
+    assert!(
+        f.len() as f64 >= expected * 0.9,
+        "the victim got {} frames in {:.1} s",
+        f.len(),
+        (to - from) as f64 / 1e9
+    );
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+/// A client speaking the protocol by hand.
+struct Raw {
+    _conn: Conn,
+    ch: ConsumerChannel,
+    release: EventFd,
+    ring: Option<(OwnedFd, u32)>,
+}
+
+fn raw_connect(sock: &Path, flags: u32) -> Raw {
+    let mut conn = Conn::new(UnixStream::connect(sock).expect("connect"));
+    conn.send(
+        &Message::Hello {
+            flags,
+            pid: std::process::id(),
+            name: "hostile".into(),
+        },
+        &[],
+    )
+    .unwrap();
+    let (m, mut fds) = conn
+        .recv_timeout(Duration::from_secs(5), None)
+        .unwrap()
+        .unwrap();
+    let Message::Welcome { queue_capacity, .. } = m else {
+        panic!("expected Welcome, got {m:?}")
+    };
+    let release = shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
+    let _ready = fds.pop().unwrap();
+    let ch = ConsumerChannel::open(fds.pop().unwrap(), queue_capacity).unwrap();
+    let mut ring = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ring.is_none() && Instant::now() < deadline {
+        if let Some((m, mut fds)) = conn
+            .recv_timeout(Duration::from_millis(200), None)
+            .unwrap_or(None)
+        {
+            if let Message::Ring { flags, .. } = m {
+                ring = Some((fds.pop().unwrap(), flags));
+            }
+        }
+    }
+    Raw {
+        _conn: conn,
+        ch,
+        release,
+        ring,
+    }
+}
+
+/// Takes the next frame delivered to a raw client.
+fn take(r: &Raw) -> Entry {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(e) = r.ch.take().unwrap() {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "no frame delivered");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Item 1: a release batch holding a frame the client has, then one it never got. The
+/// producer must get its slot back when it drops that client: eight such clients (one per
+/// slot) used to stop the producer for good.
+#[test]
+fn a_bogus_release_batch_costs_the_producer_no_slot() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("batch.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let from = now();
+    for round in 0..3 {
+        let attackers: Vec<Raw> = (0..8).map(|_| raw_connect(&sock, 0)).collect();
+        for a in &attackers {
+            let e = take(a);
+            assert!(a.ch.release(e));
+            assert!(a.ch.release(Entry {
+                seq: e.seq + 1000,
+                ring_gen: e.ring_gen,
+                slot: (e.slot + 1) % 8,
+            }));
+            shm::notify(&a.release);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        drop(attackers);
+        println!("round {round} done");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let to = now();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+}
+
+/// Items 2 and 3: the read-only ring cannot be written by a consumer, not by reopening its
+/// descriptor read-write, not by asking for a writable ring (unless the producer allows it),
+/// and fchmod on the descriptor stops no one.
+#[test]
+fn a_consumer_cannot_write_the_ring_or_lock_others_out() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("ro.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let from = now();
+    // Asks for a writable ring: gets the read-only one, and is told so.
+    let a = raw_connect(&sock, FLAG_WRITABLE_RING);
+    let (ring, flags) = a.ring.as_ref().expect("a ring");
+    assert_eq!(
+        flags & RING_WRITABLE,
+        0,
+        "writable rings are off by default"
+    );
+    // Reopens it read-write through /proc: open works, writing does not.
+    let rw = nix::fcntl::open(
+        format!("/proc/self/fd/{}", ring.as_raw_fd()).as_str(),
+        nix::fcntl::OFlag::O_RDWR,
+        nix::sys::stat::Mode::empty(),
+    );
+    if let Ok(rw) = rw {
+        let file = std::fs::File::from(rw);
+        let size = file.metadata().unwrap().len() as usize;
+        assert!(
+            unsafe { memmap2::MmapOptions::new().len(size).map_mut(&file) }.is_err(),
+            "a consumer mapped the ring writable"
+        );
+        assert!(
+            (&file).write(&[0xff; 4096]).is_err(),
+            "a consumer wrote to the ring"
+        );
+    }
+    // fchmod through its descriptor: new consumers still connect.
+    let _ = nix::sys::stat::fchmod(ring.as_fd(), nix::sys::stat::Mode::empty());
+    let mut late = victim(&sock);
+    late.wait_line("FRAME ", Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(2));
+    let to = now();
+    drop(a);
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+    let (_, late_out) = late.finish(Duration::from_secs(10));
+    assert!(frames(&late_out).len() > 20);
+}
+
+/// With allow-writable-ring=true, a client that asks gets a writable ring, and says so.
+#[test]
+fn writable_rings_only_where_the_producer_allows_them() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("rw.sock");
+    let p = gst::parse::launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48 ! gpushmsink allow-writable-ring=true socket-path={}",
+        sock.display()
+    ))
+    .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(5));
+    std::thread::sleep(Duration::from_millis(300));
+    let a = raw_connect(&sock, FLAG_WRITABLE_RING);
+    let (ring, flags) = a.ring.as_ref().expect("a ring");
+    assert_eq!(flags & RING_WRITABLE, RING_WRITABLE);
+    let file = std::fs::File::from(ring.try_clone().unwrap());
+    let size = file.metadata().unwrap().len() as usize;
+    assert!(unsafe { memmap2::MmapOptions::new().len(size).map_mut(&file) }.is_ok());
+    // One that does not ask still gets the read-only one.
+    let b = raw_connect(&sock, 0);
+    assert_eq!(b.ring.as_ref().unwrap().1 & RING_WRITABLE, 0);
+    p.set_state(gst::State::Null).unwrap();
+}
+
+/// A producer assembled from the ring's own parts, writing whatever the test wants.
+struct FakeProducer {
+    listener: UnixListener,
+    ring: ProducerRing,
+}
+
+struct FakeClient {
+    _conn: Conn,
+    ch: ClientChannel,
+    ready: EventFd,
+    _release: EventFd,
+}
+
+const GRAY_CAPS: &str =
+    "video/x-raw, format=(string)GRAY8, width=(int)64, height=(int)48, framerate=(fraction)30/1";
+
+impl FakeProducer {
+    fn new(sock: &Path) -> Self {
+        Self {
+            listener: UnixListener::bind(sock).unwrap(),
+            ring: ProducerRing::create(1, 16, 64 * 48, false).unwrap(),
+        }
+    }
+
+    fn accept(&self) -> FakeClient {
+        let (s, _) = self.listener.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let mut conn = Conn::new(s);
+        let _hello = conn.recv_timeout(Duration::from_secs(10), None).unwrap();
+        let ch = ClientChannel::create(128).unwrap();
+        let ready = shm::new_eventfd().unwrap();
+        let release = shm::new_eventfd().unwrap();
+        conn.send(
+            &Message::Welcome {
+                client_id: 1,
+                queue_capacity: 128,
+            },
+            &[ch.fd(), ready.as_fd(), release.as_fd()],
+        )
+        .unwrap();
+        let g = self.ring.geometry();
+        conn.send(
+            &Message::Ring {
+                ring_gen: 1,
+                flags: 0,
+                slot_count: g.slot_count,
+                slot_size: g.slot_size,
+                total_size: g.total_size,
+            },
+            &[self.ring.read_only_fd().unwrap().as_fd()],
+        )
+        .unwrap();
+        conn.send(
+            &Message::Caps {
+                caps_gen: 1,
+                caps: GRAY_CAPS.into(),
+            },
+            &[],
+        )
+        .unwrap();
+        FakeClient {
+            _conn: conn,
+            ch,
+            ready,
+            _release: release,
+        }
+    }
+
+    /// Frame `n` in slot `n`, every byte `n`, with `meta` as given (geometry filled in).
+    fn send(&self, c: &mut FakeClient, n: u64, mut meta: FrameMeta) {
+        let slot = n as u32;
+        // SAFETY: the slot is ours (never delivered before) and 64*48 bytes long.
+        unsafe { std::ptr::write_bytes(self.ring.slot_ptr(slot), n as u8, 64 * 48) };
+        meta.payload_size = 64 * 48;
+        meta.caps_gen = 1;
+        meta.video_format = gst_video::VideoFormat::Gray8.into_glib() as u32;
+        meta.width = 64;
+        meta.height = 48;
+        meta.offset = n;
+        meta.offset_end = n + 1;
+        if meta.n_planes == 0 {
+            meta.n_planes = 1;
+            meta.plane_stride[0] = 64;
+        }
+        self.ring.publish(slot, n + 1, &meta);
+        c.ch.deliver(Entry {
+            seq: n + 1,
+            ring_gen: 1,
+            slot,
+        })
+        .unwrap();
+        shm::notify(&c.ready);
+    }
+}
+
+fn checker(sock: &Path, extra: &[&str]) -> Proc {
+    let mut c = example("frame_checker");
+    c.args(["--socket", sock.to_str().unwrap(), "--print"]);
+    c.args(extra);
+    Proc::spawn(c, "consumer")
+}
+
+/// Item 4: a producer writing extreme values in every timing field (u64::MAX publish time,
+/// clock times, durations, latency, a nonsense time code) never crashes a consumer, and its
+/// frames still arrive with the right bytes.
+#[test]
+fn extreme_timing_values_from_a_producer_never_crash_a_consumer() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake.sock");
+    let fake = FakeProducer::new(&sock);
+    let consumer = checker(&sock, &["--frames", "8", "--no-reconnect"]);
+    let mut c = fake.accept();
+    let extremes = [u64::MAX, u64::MAX - 1, 0, 1 << 63];
+    for n in 0..8u64 {
+        let x = extremes[n as usize % extremes.len()];
+        let meta = FrameMeta {
+            pts: x,
+            dts: x,
+            duration: x,
+            pts_clock: x,
+            dts_clock: extremes[(n as usize + 1) % 4],
+            publish_ns: x,
+            latency: x,
+            buffer_flags: u32::MAX,
+            timecode: Some(TimeCode {
+                fps_n: u32::MAX,
+                fps_d: n as u32 % 2,
+                flags: u32::MAX,
+                hours: u32::MAX,
+                minutes: 99,
+                seconds: 99,
+                frames: u32::MAX,
+                field_count: 7,
+            }),
+            ..Default::default()
+        };
+        fake.send(&mut c, n, meta);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let (status, out) = consumer.finish(Duration::from_secs(20));
+    assert!(
+        status.code().is_some(),
+        "the consumer died from a signal: {status:?}\n{}",
+        out.join("\n")
+    );
+    let got: Vec<&String> = out.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(got.len(), 8, "{}", out.join("\n"));
+    for (n, l) in got.iter().enumerate() {
+        let f = fields(std::slice::from_ref(*l), "FRAME ");
+        assert_eq!(num(&f, "n") as usize, n);
+        assert_eq!(
+            f["plane_sums"],
+            (n * 64 * 48).to_string(),
+            "frame {n} bytes: {l}"
+        );
+    }
+    drop(c);
+}
+
+/// Item 5: a plane whose stride is narrower than a row (stride 1, the plane at the end of
+/// the slot) is refused with a clear error instead of being read past its end.
+#[test]
+fn a_stride_narrower_than_a_row_is_refused_not_read_past() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("stride.sock");
+    let fake = FakeProducer::new(&sock);
+    let consumer = checker(&sock, &["--no-reconnect", "--chain", "videoconvert"]);
+    let mut c = fake.accept();
+    let mut meta = FrameMeta {
+        n_planes: 1,
+        ..Default::default()
+    };
+    meta.plane_stride = [1; MAX_PLANES];
+    meta.plane_offset[0] = 64 * 48 - 48;
+    fake.send(&mut c, 0, meta);
+    let (status, out) = consumer.finish(Duration::from_secs(20));
+    assert_eq!(status.code(), Some(2), "{}", out.join("\n"));
+    assert!(
+        out.iter()
+            .any(|l| l.starts_with("ERROR") && l.contains("narrower than its 64 visible bytes")),
+        "{}",
+        out.join("\n")
+    );
+}
+
+/// Item 6: descriptors beyond what a message carries are closed, on both sides: a client
+/// sending 10 per message 300 times, and a producer doing the same to a reconnecting consumer.
+#[test]
+fn extra_descriptors_are_closed_on_both_sides() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fds.sock");
+    let mut p = producer(&sock, &[]);
+    let pid = p.child.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = fd_count(pid);
+    let hello = Message::Hello {
+        flags: 0,
+        pid: 1,
+        name: "fds".into(),
+    }
+    .encode();
+    let spare: Vec<std::fs::File> = (0..10)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let raw: Vec<i32> = spare.iter().map(|f| f.as_raw_fd()).collect();
+    for _ in 0..300 {
+        let s = UnixStream::connect(&sock).unwrap();
+        let _ = nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
+            s.as_raw_fd(),
+            &[std::io::IoSlice::new(&hello)],
+            &[nix::sys::socket::ControlMessage::ScmRights(&raw)],
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        );
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let after = fd_count(pid);
+    assert!(
+        after <= before + 2,
+        "the producer leaked descriptors: {before} -> {after}"
+    );
+    // It still serves.
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    p.kill9();
+    drop(v);
+
+    // The other way: a fake producer that answers with the start of a Welcome carrying 10
+    // descriptors, then hangs up; the consumer tries again each time (it waits for a real
+    // producer) and must close what it received.
+    let sock2 = dir.path().join("fds2.sock");
+    let listener = UnixListener::bind(&sock2).unwrap();
+    let mut consumer = checker(
+        &sock2,
+        &[
+            "--src-props",
+            "reconnect-interval=1000000 timeout=60000000000",
+        ],
+    );
+    let welcome = Message::Welcome {
+        client_id: 1,
+        queue_capacity: 128,
+    }
+    .encode();
+    let mut counts = Vec::new();
+    for i in 0..100 {
+        let (s, _) = listener.accept().unwrap();
+        let _ = nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
+            s.as_raw_fd(),
+            &[std::io::IoSlice::new(&welcome[..10])],
+            &[nix::sys::socket::ControlMessage::ScmRights(&raw)],
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        drop(s);
+        if i == 10 || i == 99 {
+            std::thread::sleep(Duration::from_millis(100));
+            counts.push(fd_count(consumer.child.id()));
+        }
+    }
+    assert!(consumer.is_running(), "the consumer kept trying");
+    assert!(counts[0] > 0);
+    assert!(
+        counts[1] <= counts[0] + 2,
+        "the consumer leaked descriptors over 90 reconnects: {counts:?}"
+    );
+}
+
+/// Item 7: a flood of idle, fully connected clients under `ulimit -n 1024` never exhausts the
+/// producer's descriptors: past max-clients they are refused with a message saying why, the
+/// victim keeps its full rate, and new consumers get in once the flood is gone.
+#[test]
+fn a_connection_flood_cannot_exhaust_the_producer() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("flood.sock");
+    let pp = build_dir_example("pattern_producer");
+    let mut cmd = std::process::Command::new("sh");
+    cmd.args([
+        "-c",
+        &format!(
+            "ulimit -n 1024 && exec {} --socket {} --frames 0 --fps 30 --width 320 --height 240 --format I420",
+            pp.display(),
+            sock.display()
+        ),
+    ]);
+    let mut p = Proc::spawn(cmd, "producer (ulimit -n 1024)");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let from = now();
+    let mut flood = Vec::new();
+    let mut refused = 0;
+    for _ in 0..300 {
+        let Ok(s) = UnixStream::connect(&sock) else {
+            continue;
+        };
+        let mut conn = Conn::new(s);
+        let _ = conn.send(
+            &Message::Hello {
+                flags: 0,
+                pid: 1,
+                name: "flood".into(),
+            },
+            &[],
+        );
+        match conn.recv_timeout(Duration::from_secs(2), None) {
+            Ok(Some((Message::Error { message }, _))) => {
+                assert!(message.contains("max-clients"), "{message}");
+                refused += 1;
+            }
+            Ok(Some((Message::Welcome { .. }, fds))) => flood.push((conn, fds)),
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert!(refused >= 300 - 64, "refused {refused}");
+    std::thread::sleep(Duration::from_secs(1));
+    let to = now();
+    drop(flood);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut late = victim(&sock);
+    late.wait_line("FRAME ", Duration::from_secs(20));
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+}
+
+fn build_dir_example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples")
+        .join(name)
+}
+
+/// Item 8: under umask 000 the socket never exists with wider permissions than `perms`: it
+/// appears at its path already 0600, and nothing else is left in the directory.
+#[test]
+fn the_socket_never_has_wider_permissions_than_perms() {
+    let _s = serial();
+    for i in 0..5 {
+        let dir = tmpdir();
+        let sock = dir.path().join(format!("umask{i}.sock"));
+        let mut launch = gst_launch(&format!(
+            "videotestsrc is-live=true ! video/x-raw,width=64,height=48 ! gpushmsink socket-path={}",
+            sock.display()
+        ));
+        let prog = launch.get_program().to_owned();
+        let args: Vec<String> = launch
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> = launch
+            .get_envs()
+            .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned())))
+            .collect();
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg("umask 000 && exec \"$@\"")
+            .arg("sh")
+            .arg(prog)
+            .args(args)
+            .envs(envs);
+        launch = cmd;
+        let _p = Proc::spawn(launch, "producer (umask 000)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mode = loop {
+            if let Ok(m) = std::fs::symlink_metadata(&sock) {
+                break m.permissions().mode() & 0o777;
+            }
+            assert!(Instant::now() < deadline, "no socket");
+            std::thread::sleep(Duration::from_micros(200));
+        };
+        assert_eq!(mode, 0o600, "the socket appeared with mode {mode:o}");
+        let others: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != &format!("umask{i}.sock"))
+            .collect();
+        assert!(others.is_empty(), "left behind: {others:?}");
+    }
+}
+
+/// Item 12: a socket path near the 107-byte limit works end to end; one over it gets an error
+/// naming the limit, on both sides.
+#[test]
+fn socket_paths_up_to_the_limit_work_and_longer_ones_say_why() {
+    let _s = serial();
+    init();
+    let dir = tmpdir();
+    let base = dir.path().display().to_string();
+    let fill = 107 - base.len() - 1;
+    let ok = format!("{base}/{}", "p".repeat(fill));
+    assert_eq!(ok.len(), 107);
+    let sock = Path::new(&ok);
+    let mut p = producer(sock, &[]);
+    let mut v = victim(sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    p.kill9();
+    drop(v);
+    let long = format!("{base}/{}", "q".repeat(fill + 10));
+    let pipeline =
+        gst::parse::launch(&format!("videotestsrc ! gpushmsink socket-path={long}")).unwrap();
+    assert!(pipeline.set_state(gst::State::Playing).is_err());
+    let bus = pipeline.bus().unwrap();
+    let msg = bus
+        .timed_pop_filtered(gst::ClockTime::from_seconds(5), &[gst::MessageType::Error])
+        .expect("an error");
+    let gst::MessageView::Error(e) = msg.view() else {
+        unreachable!()
+    };
+    let text = e.error().to_string();
+    assert!(text.contains("at most 107 bytes"), "{text}");
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
+/// Item 13: a second message in the same write as Hello is refused, not ignored.
+#[test]
+fn a_message_sent_with_hello_is_refused() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("two.sock");
+    let mut p = producer(&sock, &[]);
+    let mut bytes = Message::Hello {
+        flags: 0,
+        pid: 1,
+        name: "two".into(),
+    }
+    .encode();
+    bytes.extend(Message::Eos.encode());
+    let mut s = UnixStream::connect(&sock).unwrap();
+    s.write_all(&bytes).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut conn = Conn::new(s);
+    let reply = conn.recv_timeout(Duration::from_secs(5), None).unwrap();
+    match reply {
+        Some((Message::Error { message }, _)) => {
+            assert!(message.contains("more than Hello"), "{message}")
+        }
+        other => panic!("expected an Error, got {other:?}"),
+    }
+    p.kill9();
+}
+
+/// Runs `cmd` as user nobody (65534), which needs root.
+fn as_nobody(cmd: &mut std::process::Command, home: &Path) {
+    use std::os::unix::process::CommandExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test runs a second user (nobody) and needs root; skip it with --skip second_user"
+    );
+    cmd.uid(65534).gid(65534);
+    cmd.env("HOME", home)
+        .env("GST_REGISTRY", home.join("registry.bin"));
+}
+
+/// A directory every user may write to (and replace files in: no sticky bit), as a careless
+/// shared directory would be.
+fn shared_dir() -> tempfile::TempDir {
+    let d = tmpdir();
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    d
+}
+
+/// Item 9: another user cannot take over a live producer's socket: it cannot check it
+/// (EACCES), so it refuses to start instead of replacing it, and the consumer keeps the real
+/// producer's frames.
+#[test]
+fn second_user_cannot_take_over_a_live_socket() {
+    let _s = serial();
+    let dir = shared_dir();
+    let sock = dir.path().join("cam");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let from = now();
+    let mut impostor = gst_launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,width=160,height=120 ! gpushmsink perms=438 socket-path={}",
+        sock.display()
+    ));
+    as_nobody(&mut impostor, dir.path());
+    let (status, out) = Proc::spawn(impostor, "impostor").finish(Duration::from_secs(20));
+    assert!(
+        !status.success(),
+        "the impostor started:\n{}",
+        out.join("\n")
+    );
+    assert!(
+        out.iter().any(|l| l.contains("cannot be checked")),
+        "{}",
+        out.join("\n")
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let to = now();
+    p.kill9();
+    let (_, vout) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&vout, from, to);
+    assert!(!vout.iter().any(|l| l.contains("width=(int)160")));
+}
+
+/// Item 10: after the producer stops, another user binds the same path; a consumer waiting to
+/// reconnect refuses it (SO_PEERCRED), unless producer-uid names that user.
+#[test]
+fn second_user_squatting_the_path_gets_no_consumer() {
+    let _s = serial();
+    let dir = shared_dir();
+    let sock = dir.path().join("cam");
+    let p = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48 ! gpushmsink socket-path={}",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut c = checker(&sock, &["--src-props", "reconnect-interval=10000000"]);
+    c.wait_line("FRAME ", Duration::from_secs(20));
+    // A clean stop (gst-launch on SIGINT) removes the socket.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(p.child.id() as i32),
+        nix::sys::signal::SIGINT,
+    )
+    .unwrap();
+    let _ = p.finish(Duration::from_secs(10));
+    let mut impostor = gst_launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=160,height=120 ! gpushmsink perms=438 socket-path={}",
+        sock.display()
+    ));
+    as_nobody(&mut impostor, dir.path());
+    let mut imp = Proc::spawn(impostor, "impostor");
+    wait_for_path(&sock, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    // The same user's consumer took nothing from it; one that names its uid does.
+    let mut named = checker(&sock, &["--src-props", "producer-uid=65534"]);
+    named.wait_line("FRAME ", Duration::from_secs(20));
+    imp.kill9();
+    // Both would wait for a producer forever (reconnect=true).
+    c.kill9();
+    named.kill9();
+    let (_, out) = c.finish(Duration::from_secs(10));
+    assert!(
+        !out.iter().any(|l| l.contains("width=(int)160")),
+        "the consumer took the impostor's frames:\n{}",
+        out.join("\n")
+    );
+    let (_, nout) = named.finish(Duration::from_secs(10));
+    assert!(nout.iter().any(|l| l.contains("width=(int)160")));
+}
