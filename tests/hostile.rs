@@ -140,13 +140,11 @@ fn raw_connect(sock: &Path, flags: u32) -> Raw {
     let mut ring = None;
     let deadline = Instant::now() + Duration::from_secs(5);
     while ring.is_none() && Instant::now() < deadline {
-        if let Some((m, mut fds)) = conn
+        if let Some((Message::Ring { flags, .. }, mut fds)) = conn
             .recv_timeout(Duration::from_millis(200), None)
             .unwrap_or(None)
         {
-            if let Message::Ring { flags, .. } = m {
-                ring = Some((fds.pop().unwrap(), flags));
-            }
+            ring = Some((fds.pop().unwrap(), flags));
         }
     }
     Raw {
