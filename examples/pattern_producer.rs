@@ -14,7 +14,8 @@
 //! seed prototype: a 4x4 GRAY8 frame sums to 136), --realtime-clock (the pipeline runs on
 //! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
-//! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=..` at the end.
+//! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..`
+//! at the end.
 
 use gst::prelude::*;
 
@@ -197,10 +198,11 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let stats = sink.property::<gst::Structure>("stats");
     println!(
-        "STATS frames-sent={} frames-copied={} frames-dropped={}",
+        "STATS frames-sent={} frames-copied={} frames-dropped={} times-lagged={}",
         stats.get::<u64>("frames-sent")?,
         stats.get::<u64>("frames-copied")?,
-        stats.get::<u64>("frames-dropped")?
+        stats.get::<u64>("frames-dropped")?,
+        stats.get::<u64>("times-lagged")?
     );
     if let Some(p) = pool {
         let _ = p.set_active(false);

@@ -244,9 +244,16 @@ fn stuck_lossless_consumers_cost_the_others_one_max_wait_once() {
     nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).unwrap();
     let (ps, pout) = producer.finish(Duration::from_secs(30));
     assert!(ps.success(), "producer failed:\n{}", pout.join("\n"));
-    let (_, vout) = verifier.finish(Duration::from_secs(30));
-    let (_, fout) = frozen.finish(Duration::from_secs(30));
-    let (_, pauseout) = paused.finish(Duration::from_secs(30));
+    let (vs, vout) = verifier.finish(Duration::from_secs(30));
+    let (fs, fout) = frozen.finish(Duration::from_secs(30));
+    let (pst, pauseout) = paused.finish(Duration::from_secs(30));
+    for (what, st, out) in [
+        ("verifier", vs, &vout),
+        ("frozen", fs, &fout),
+        ("paused", pst, &pauseout),
+    ] {
+        assert!(st.success(), "{what} failed:\n{}", out.join("\n"));
+    }
     let frames = frame_times(&vout);
     assert!(frames.len() >= 400, "verifier got {} frames", frames.len());
     for w in frames.windows(2) {
@@ -270,6 +277,9 @@ fn stuck_lossless_consumers_cost_the_others_one_max_wait_once() {
     // The stuck ones really were skipped (lagging) and came back afterwards.
     let stats = fields(&pout, "STATS ");
     assert!(num(&stats, "frames-dropped") > 0.0, "{stats:?}");
+    // Once: the frozen one lagged one time; the paused one gives frames back while paused and
+    // never holds the producer up.
+    assert_eq!(num(&stats, "times-lagged"), 1.0, "{stats:?}");
     let fz = frame_times(&fout);
     assert!(
         fz.iter().any(|&(_, t)| t > stopped_at + 10_000_000_000),

@@ -161,6 +161,7 @@ impl GpuShmSink {
                 .field("frames-sent", 0u64)
                 .field("frames-copied", 0u64)
                 .field("frames-dropped", 0u64)
+                .field("times-lagged", 0u64)
                 .field("clients", gst::Array::new(Vec::<gst::Structure>::new()))
                 .build();
         };
@@ -185,6 +186,7 @@ impl GpuShmSink {
             .field("frames-sent", s.frames_sent)
             .field("frames-copied", s.frames_copied)
             .field("frames-dropped", s.frames_dropped)
+            .field("times-lagged", s.times_lagged)
             .field("clients", gst::Array::new(clients))
             .build()
     }
@@ -415,7 +417,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecInt64::builder("max-wait")
                     .nick("Max wait")
-                    .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted): frames skip it, without waiting, until it has given back half its client-budget. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration (40 to 200 ms) for a live stream, so the other consumers see frames at most that late, 1 s otherwise; 0 = never wait (lossless behaves like leaky). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
+                    .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted the first time): the frames it did not take go back, and it is served like a leaky one, never waited for, until it takes frames again. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration (40 to 200 ms) for a live stream, so the other consumers see frames at most that late, 1 s otherwise; 0 = never wait (a lossless consumer at its budget is marked lagging at once). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
                     .minimum(-1)
                     .default_value(DEFAULT_MAX_WAIT)
                     .mutable_playing()
@@ -448,7 +450,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged")
                     .read_only()
                     .build(),
             ]
@@ -573,12 +575,16 @@ impl BaseSinkImpl for GpuShmSink {
                     obj.notify("num-clients");
                 }
                 Event::Info(m) => gst::info!(CAT, obj = obj, "{m}"),
-                Event::Lagging { id, waited } => {
-                    gst::element_warning!(
-                        obj,
-                        gst::ResourceError::Busy,
-                        ("Lossless client {} took no frame for {:?} (max-wait): frames skip it, without waiting, until it catches up", id, waited)
-                    );
+                Event::Lagging { id, waited, first } => {
+                    if first {
+                        gst::element_warning!(
+                            obj,
+                            gst::ResourceError::Busy,
+                            ("Lossless client {} took no frame for {:?} (max-wait): it is served like a leaky one (frames skip it, nobody waits for it) until it takes frames again", id, waited)
+                        );
+                    } else {
+                        gst::info!(CAT, obj = obj, "lossless client {id} lagging again");
+                    }
                 }
                 Event::CaughtUp { id } => {
                     gst::info!(CAT, obj = obj, "lossless client {id} caught up")

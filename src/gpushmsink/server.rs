@@ -40,12 +40,15 @@ pub struct Policy {
 pub enum Event {
     /// Something to log.
     Info(String),
-    /// A lossless client was at its budget for max-wait: frames skip it until it catches up.
+    /// A lossless client took no frame for max-wait: it is served like a leaky one (never
+    /// waited for) until it takes frames again.
     Lagging {
         id: u32,
         waited: Duration,
+        /// The first time for this client.
+        first: bool,
     },
-    /// A lagging client gave back enough frames: it is served (and waited for) again.
+    /// A lagging client took frames again: it is lossless (waited for) again.
     CaughtUp {
         id: u32,
     },
@@ -66,6 +69,8 @@ pub struct Stats {
     pub frames_sent: u64,
     pub frames_copied: u64,
     pub frames_dropped: u64,
+    /// Times any lossless client was marked lagging.
+    pub times_lagged: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +109,8 @@ struct Client {
     sent: u64,
     lagging: bool,
     times_lagged: u64,
+    /// Frames it had taken when it was marked lagging.
+    taken_at_lag: u64,
     /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
     writable: bool,
 }
@@ -620,28 +627,40 @@ impl Server {
         for c in inner.clients.iter_mut() {
             let r = (|| -> Result<bool> {
                 if late.contains(&c.id) {
+                    // It took nothing for a whole max-wait: from now on it is served like a
+                    // leaky client (never waited for) until it takes a frame again, and the
+                    // frames it has not taken go back at once, so a stuck client pins only
+                    // what it really holds.
                     c.lagging = true;
                     c.times_lagged += 1;
+                    inner.stats.times_lagged += 1;
+                    c.taken_at_lag = c.ch.taken();
                     inner.events.push(Event::Lagging {
                         id: c.id,
                         waited: policy.max_wait,
+                        first: c.times_lagged == 1,
                     });
+                    while let Some(old) = c.ch.revoke_oldest()? {
+                        released.push(old);
+                        inner.stats.frames_dropped += 1;
+                    }
                     return Ok(false);
                 }
                 if c.lagging {
-                    // Caught up once it gave back at least half of its budget.
                     c.ch.sync_taken()?;
-                    if c.refs() > policy.budget / 2 {
-                        return Ok(false);
+                    if c.ch.taken() > c.taken_at_lag {
+                        // It took frames again: lossless again.
+                        c.lagging = false;
+                        inner.events.push(Event::CaughtUp { id: c.id });
                     }
-                    c.lagging = false;
-                    inner.events.push(Event::CaughtUp { id: c.id });
                 }
-                if !c.lossless {
-                    // Keep a short backlog and stay within the budget: drop the oldest frames
-                    // the client has not taken yet.
+                if !c.lossless || c.lagging {
+                    // Keep a short backlog and stay under the budget: drop the oldest frames
+                    // the client has not taken yet. A client that takes nothing pins at most
+                    // what it keeps zero-copy plus one.
+                    let cap = crate::ring::layout::zero_copy_limit(policy.budget) + 1;
                     while c.ch.pending_len() > 0
-                        && (c.ch.pending_len() >= LEAKY_BACKLOG || c.refs() >= policy.budget)
+                        && (c.ch.pending_len() >= LEAKY_BACKLOG || c.refs() >= cap)
                     {
                         match c.ch.revoke_oldest()? {
                             Some(old) => {
@@ -651,8 +670,8 @@ impl Server {
                             None => break,
                         }
                     }
-                    if c.refs() >= policy.budget {
-                        // It holds its whole budget: this frame skips it.
+                    if c.refs() >= cap {
+                        // It holds all it may: this frame skips it.
                         return Ok(false);
                     }
                 }
@@ -1043,6 +1062,7 @@ impl Server {
                 sent: 0,
                 lagging: false,
                 times_lagged: 0,
+                taken_at_lag: 0,
                 writable,
             };
             Self::send_ring_and_caps(inner, &c)?;

@@ -142,6 +142,10 @@ struct Started {
     /// The latency this source last answered (ns).
     answered_latency: Option<u64>,
     clock_warned: bool,
+    /// A clock warning to post (how far ahead the producer's timestamps were, ns).
+    clock_warning: Option<u64>,
+    /// The latency changed since the pipeline last asked: post a Latency message.
+    latency_changed: bool,
 }
 
 pub struct GpuShmSrc {
@@ -264,38 +268,33 @@ impl GpuShmSrc {
         b.set_dts(if m.dts_clock == NONE_U64 {
             gst::ClockTime::NONE
         } else {
-            Some(running(m.dts_clock as i128 + (mapped - pts_clock)))
+            // Never after the PTS (nor, then, in the future).
+            Some(running(
+                (m.dts_clock as i128 + (mapped - pts_clock)).min(mapped),
+            ))
         });
     }
 
+    /// Notes the clock warning, posted once (by create(), without the state lock).
     fn warn_clock(&self, st: &mut Started, ahead: u64) {
-        if std::mem::replace(&mut st.clock_warned, true) {
-            return;
+        if !std::mem::replace(&mut st.clock_warned, true) {
+            st.clock_warning = Some(ahead);
         }
-        gst::element_imp_warning!(
-            self,
-            gst::StreamError::Format,
-            ("The producer's timestamps are {} ms ahead of when it publishes frames: frames are timestamped by when they were published", ahead / 1_000_000),
-            ["The producer's pipeline is not live and renders with sync=false, or it does not run on this machine's monotonic clock (GstSystemClock's default). Timestamps keep the producer's spacing where they can."]
-        );
     }
 
-    /// Tells the pipeline to ask again when our latency changed since it last asked.
+    /// Notes that the pipeline must ask for our latency again, when it changed since it last
+    /// asked (posted by create(), without the state lock).
     fn post_latency_if_changed(&self, st: &mut Started) {
         let now = self.latency(st);
         if st.answered_latency.is_some_and(|a| a != now) {
             st.answered_latency = Some(now);
-            let _ = self
-                .obj()
-                .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
+            st.latency_changed = true;
         }
     }
 
-    /// Sets new caps on the pad when the frame's caps differ from the current ones.
-    fn update_caps(&self, st: &mut Started, caps_str: &Arc<str>) -> Result<(), gst::FlowError> {
-        if st.pad_caps.as_ref() == Some(caps_str) {
-            return Ok(());
-        }
+    /// Sets the producer's caps on the pad, without the state lock held (downstream sees a
+    /// caps event and may call back into us).
+    fn set_pad_caps(&self, caps_str: &Arc<str>) -> Result<(), gst::FlowError> {
         let caps = gst::Caps::from_str(caps_str).map_err(|_| {
             gst::element_imp_error!(
                 self,
@@ -312,9 +311,7 @@ impl GpuShmSrc {
                 ("Downstream refused the producer's caps {}", caps)
             );
             gst::FlowError::NotNegotiated
-        })?;
-        st.pad_caps = Some(caps_str.clone());
-        Ok(())
+        })
     }
 }
 
@@ -474,11 +471,19 @@ impl ElementImpl for GpuShmSrc {
         &self,
         transition: gst::StateChange,
     ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
-        if transition == gst::StateChange::PausedToPlaying {
+        match transition {
             // The base time is set: connect now (see the receiver).
-            if let Some(s) = self.shared() {
-                s.go();
+            gst::StateChange::PausedToPlaying => {
+                if let Some(s) = self.shared() {
+                    s.go();
+                }
             }
+            gst::StateChange::PlayingToPaused => {
+                if let Some(s) = self.shared() {
+                    s.pause();
+                }
+            }
+            _ => {}
         }
         self.parent_change_state(transition)
     }
@@ -584,6 +589,8 @@ impl BaseSrcImpl for GpuShmSrc {
             serial: 0,
             answered_latency: None,
             clock_warned: false,
+            clock_warning: None,
+            latency_changed: false,
         });
         Ok(())
     }
@@ -669,18 +676,47 @@ impl PushSrcImpl for GpuShmSrc {
         let (item, discont) = shared.pop().ok_or(gst::FlowError::Flushing)?;
         match item {
             Item::Frame(mut f) => {
-                let mut guard = self.state();
-                let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
-                self.update_caps(st, &f.caps)?;
+                // The state lock is held only for bookkeeping: caps events, warnings and
+                // messages go out without it (a bus sync handler may read our properties).
+                let new_caps = {
+                    let guard = self.state();
+                    let st = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
+                    (st.pad_caps.as_ref() != Some(&f.caps)).then(|| f.caps.clone())
+                };
+                if let Some(c) = new_caps {
+                    self.set_pad_caps(&c)?;
+                    if let Some(st) = self.state().as_mut() {
+                        st.pad_caps = Some(c);
+                    }
+                }
                 let mut buffer = std::mem::replace(&mut f.buffer, gst::Buffer::new());
-                {
+                let (warning, latency_changed) = {
+                    let mut guard = self.state();
+                    let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
                     self.timestamp(st, b, &f);
                     if discont {
                         b.set_flags(gst::BufferFlags::DISCONT);
                     }
+                    self.post_latency_if_changed(st);
+                    (
+                        st.clock_warning.take(),
+                        std::mem::take(&mut st.latency_changed),
+                    )
+                };
+                if let Some(ahead) = warning {
+                    gst::element_imp_warning!(
+                        self,
+                        gst::StreamError::Format,
+                        ("The producer's timestamps are {} ms ahead of when it publishes frames: frames are timestamped by when they were published", ahead / 1_000_000),
+                        ["The producer's pipeline is not live and renders with sync=false, or it does not run on this machine's monotonic clock (GstSystemClock's default). Timestamps keep the producer's spacing where they can."]
+                    );
                 }
-                self.post_latency_if_changed(st);
+                if latency_changed {
+                    let _ = self
+                        .obj()
+                        .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
+                }
                 drop(f);
                 Ok(CreateSuccess::NewBuffer(buffer))
             }

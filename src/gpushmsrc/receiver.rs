@@ -75,6 +75,9 @@ struct Queue {
     /// The pipeline is PLAYING: connect (frames published before it started playing are
     /// never received, so none has a timestamp before its base time).
     go: bool,
+    /// The pipeline went back to PAUSED: a live source produces nothing then, so frames are
+    /// given back as they arrive (counted as dropped) and nobody waits for us.
+    paused: bool,
     /// Frames were dropped from this queue since the last one popped.
     discont: bool,
 }
@@ -123,9 +126,31 @@ impl Shared {
         }
     }
 
-    /// Lets the receiver connect (the pipeline goes to PLAYING for the first time).
+    /// The pipeline goes to PLAYING: the receiver connects (the first time) and queues
+    /// frames again.
     pub fn go(&self) {
-        self.queue().go = true;
+        let mut q = self.queue();
+        q.go = true;
+        q.paused = false;
+        drop(q);
+        self.cond.notify_all();
+    }
+
+    /// The pipeline goes from PLAYING to PAUSED: queued frames are stale by the time it plays
+    /// again (their timestamps would go backwards), so they go, and so do frames arriving
+    /// while paused.
+    pub fn pause(&self) {
+        let mut q = self.queue();
+        q.paused = true;
+        let before = q.items.len();
+        q.items.retain(|i| !matches!(i, Item::Frame(_)));
+        let gone = (before - q.items.len()) as u64;
+        if gone > 0 {
+            q.discont = true;
+            q.bytes = 0;
+            self.queue_dropped.fetch_add(gone, Ordering::Relaxed);
+        }
+        drop(q);
         self.cond.notify_all();
     }
 
@@ -362,6 +387,11 @@ impl Worker {
     /// lossless one waits (so the producer's back-pressure applies). False when stopping.
     fn push(&mut self, item: Item) -> bool {
         let mut q = self.shared.queue();
+        if q.paused && matches!(item, Item::Frame(_)) {
+            q.discont = true;
+            self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+            return !q.stopping;
+        }
         if let Item::Frame(f) = &item {
             let size = f.buffer.size() as u64;
             loop {
@@ -373,6 +403,11 @@ impl Worker {
                 }
                 if self.cfg.opts.lossless {
                     q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+                    if q.paused {
+                        q.discont = true;
+                        self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+                        return !q.stopping;
+                    }
                     continue;
                 }
                 let Some(pos) = q.items.iter().position(|i| matches!(i, Item::Frame(_))) else {
@@ -598,7 +633,7 @@ impl Worker {
             el,
             gst::ResourceError::Busy,
             (
-                "Downstream keeps {} frames of the producer's ring, as many as this consumer keeps zero-copy (client-budget {}): further frames are copied into system memory (one copy each, counted in frames-copied) until downstream gives frames back",
+                "This consumer holds {} frames of the producer's ring (downstream and in its own queue), as many as it keeps zero-copy with client-budget {}: further frames are copied into system memory (one copy each, counted in frames-copied) until downstream gives frames back",
                 held.saturating_sub(1),
                 conn.budget()
             ),

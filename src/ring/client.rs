@@ -369,12 +369,7 @@ impl Connection {
     /// Frames we keep zero-copy at most: our budget less room for frames on their way to us
     /// (two when the budget allows, one otherwise).
     pub fn zero_copy_limit(&self) -> usize {
-        let budget = self.budget() as usize;
-        if budget >= 3 {
-            budget - 2
-        } else {
-            budget.saturating_sub(1)
-        }
+        super::layout::zero_copy_limit(self.budget() as usize)
     }
 
     /// Counts a frame copied out of the ring (reported to the producer's statistics too).

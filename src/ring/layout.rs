@@ -222,6 +222,17 @@ impl RingGeometry {
     }
 }
 
+/// Frames a consumer with `budget` keeps zero-copy at most (it copies further ones): its
+/// budget less room for frames on their way to it, two when the budget allows, one otherwise.
+/// The producer serves a client that is not waited for (leaky or lagging) up to one more.
+pub fn zero_copy_limit(budget: usize) -> usize {
+    if budget >= 3 {
+        budget - 2
+    } else {
+        budget.saturating_sub(1)
+    }
+}
+
 pub fn client_block_size(capacity: u32) -> u64 {
     CLIENT_HEADER_SIZE as u64 + 2 * capacity as u64 * size_of::<QueueEntry>() as u64
 }

@@ -287,6 +287,7 @@ pub struct ClientChannel {
     rpos_seen: u64,
     rel_rpos: u64,
     dropped: u64,
+    taken: u64,
     pending: VecDeque<Entry>,
     held: Vec<Entry>,
 }
@@ -307,6 +308,7 @@ impl ClientChannel {
             rpos_seen: 0,
             rel_rpos: 0,
             dropped: 0,
+            taken: 0,
             pending: VecDeque::new(),
             held: Vec::new(),
         };
@@ -354,8 +356,14 @@ impl ClientChannel {
                 .ok_or_else(|| Error::corrupt("pending queue out of step"))?;
             self.held.push(e);
             self.rpos_seen += 1;
+            self.taken += 1;
         }
         Ok(())
+    }
+
+    /// Frames the client took (moved its read position past), revoked ones not counted.
+    pub fn taken(&self) -> u64 {
+        self.taken
     }
 
     /// Frames handed over but not yet taken.
