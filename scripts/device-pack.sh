@@ -10,11 +10,23 @@ out=${1:-.device}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 ../shared/tools/device-pack "$out"
+# The plugins the real-pipeline tests use (encoders, muxers, demuxers, decoders), with their
+# libraries.
+arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
+for p in x264 isomp4 matroska playback typefindfunctions videofilter; do
+  so=/usr/lib/$arch/gstreamer-1.0/libgst$p.so
+  [ -e "$so" ] || continue
+  cp "$so" "$out/plugins/"
+  ldd "$so" | awk '/=>/ && $3 ~ /^\// {print $1, $3}' | while read -r soname path; do
+    [[ $soname =~ $skip ]] || [ -e "$out/lib/$soname" ] || cp -L "$path" "$out/lib/$soname"
+  done
+done
+strip "$out"/lib/*.so* 2>/dev/null || true
 lib=$(ldconfig -p | awk '/libgstcheck-1.0.so.0 / {p = $NF} END {print p}')
 [ -n "$lib" ] && cp -L "$lib" "$out/lib/"
 # The examples' own libraries (the bench plot needs fontconfig and freetype), glibc aside, and a
 # font with a fontconfig file that finds it.
-skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
 for e in "$out"/examples/*; do ldd "$e" 2>/dev/null | awk '/=>/ && $3 ~ /^\// {print $1, $3}'; done | sort -u |
   while read -r soname path; do
     [[ $soname =~ $skip ]] || [ -e "$out/lib/$soname" ] || cp -L "$path" "$out/lib/$soname"

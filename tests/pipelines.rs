@@ -64,11 +64,12 @@ fn verified_run(
     (fields(&cout, "SUMMARY "), cout)
 }
 
-/// Decodes a recording and returns its frame count and its duration.
+/// Demuxes a recording and returns its frame count (one H.264 access unit a frame) and its
+/// duration.
 fn frames_in_file(path: &Path) -> (u64, gst::ClockTime) {
     init();
     let p = gst::parse::launch(&format!(
-        "filesrc location={} ! decodebin ! video/x-raw ! appsink name=out sync=false",
+        "filesrc location={} ! parsebin ! video/x-h264,alignment=au ! appsink name=out sync=false",
         path.display()
     ))
     .unwrap()
@@ -84,7 +85,7 @@ fn frames_in_file(path: &Path) -> (u64, gst::ClockTime) {
     while let Some(s) = sink.try_pull_sample(gst::ClockTime::from_seconds(10)) {
         let b = s.buffer().unwrap();
         n += 1;
-        let pts = b.pts().expect("decoded frames have timestamps");
+        let pts = b.pts().expect("frames have timestamps");
         first.get_or_insert(pts);
         end = end.max(pts + b.duration().unwrap_or(gst::ClockTime::ZERO));
     }
