@@ -146,6 +146,8 @@ struct Started {
     clock_warning: Option<u64>,
     /// The latency changed since the pipeline last asked: post a Latency message.
     latency_changed: bool,
+    /// The last frame's timestamp was before this pipeline's start (shown at 0).
+    clamped: bool,
 }
 
 pub struct GpuShmSrc {
@@ -264,6 +266,13 @@ impl GpuShmSrc {
             self.post_latency_if_changed(st);
         }
         st.last_mapped = mapped;
+        if mapped < base {
+            // Stamped before this pipeline started playing: shown at its start, and the next
+            // frame starts a new run of timestamps.
+            st.clamped = true;
+        } else if std::mem::take(&mut st.clamped) {
+            b.set_flags(gst::BufferFlags::DISCONT);
+        }
         b.set_pts(running(mapped));
         b.set_dts(if m.dts_clock == NONE_U64 {
             gst::ClockTime::NONE
@@ -591,6 +600,7 @@ impl BaseSrcImpl for GpuShmSrc {
             clock_warned: false,
             clock_warning: None,
             latency_changed: false,
+            clamped: false,
         });
         Ok(())
     }

@@ -493,11 +493,25 @@ impl Worker {
         let m = frame.meta;
         let size = m.payload_size as usize;
         let mut copy = conn.should_copy();
+        if copy.is_some() && self.cfg.opts.lossless && !m.live {
+            // A producer that is not live loses nothing by waiting. While frames wait in our
+            // own queue, downstream is only slow to take them: wait until it takes one (the
+            // producer waits meanwhile) and keep this frame zero-copy.
+            let mut q = self.shared.queue();
+            while copy.is_some() && !q.items.is_empty() && !q.stopping && !q.paused {
+                q = self
+                    .shared
+                    .cond
+                    .wait_timeout(q, Duration::from_millis(5))
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+                copy = conn.should_copy();
+            }
+        }
         if copy.is_some() && self.cfg.opts.lossless && !m.live && !self.gave_up_waiting {
-            // A producer that is not live loses nothing by waiting: give downstream a moment
-            // to hand frames back and keep this one zero-copy. Downstream that keeps frames
-            // until it gets more (an encoder's lookahead) is not waited for again until it
-            // has handed frames back.
+            // Our queue is empty: downstream holds the frames. Give it a moment to hand one
+            // back. Downstream that keeps frames until it gets more (an encoder's lookahead)
+            // is not waited for again until it has handed frames back.
             let deadline = std::time::Instant::now() + NON_LIVE_WAIT;
             while copy.is_some()
                 && std::time::Instant::now() < deadline
