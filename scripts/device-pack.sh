@@ -14,7 +14,7 @@ cd "$here"
 # libraries.
 arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
-for p in x264 isomp4 matroska playback typefindfunctions videofilter; do
+for p in x264 isomp4 matroska videofilter; do
   so=/usr/lib/$arch/gstreamer-1.0/libgst$p.so
   [ -e "$so" ] || continue
   cp "$so" "$out/plugins/"

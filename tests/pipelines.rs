@@ -68,8 +68,13 @@ fn verified_run(
 /// duration.
 fn frames_in_file(path: &Path) -> (u64, gst::ClockTime) {
     init();
+    let demux = if path.extension().is_some_and(|e| e == "mp4") {
+        "qtdemux"
+    } else {
+        "matroskademux"
+    };
     let p = gst::parse::launch(&format!(
-        "filesrc location={} ! parsebin ! video/x-h264,alignment=au ! appsink name=out sync=false",
+        "filesrc location={} ! {demux} ! h264parse ! video/x-h264,alignment=au ! appsink name=out sync=false",
         path.display()
     ))
     .unwrap()

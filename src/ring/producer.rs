@@ -442,8 +442,11 @@ impl ClientChannel {
     /// Reads the frames the client gave back. Each must be one it holds; anything else is a
     /// protocol violation and the caller disconnects the client.
     pub fn take_releases(&mut self) -> Result<Vec<Entry>> {
-        self.sync_taken()?;
+        // The release position first: a client takes a frame before it releases it, so once
+        // a release is seen, the read position that took the frame is seen too (Acquire).
+        // The other order can see a release of a frame not yet known as taken.
         let w = self.header().rel_wpos.load(Ordering::Acquire);
+        self.sync_taken()?;
         if w < self.rel_rpos || w - self.rel_rpos > self.capacity as u64 {
             return Err(Error::protocol(format!(
                 "client moved its release position to {w}, outside {}..={}",
