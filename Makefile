@@ -4,7 +4,7 @@
 # make build  - release build of the plugin and the examples
 
 CARGO ?= cargo
-PLUGIN_DIR := $(CURDIR)/target/release
+PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
 .PHONY: all deps build demo test check clean
 
@@ -20,7 +20,7 @@ demo: build
 	@GST_PLUGIN_PATH=$(PLUGIN_DIR) scripts/demo.sh
 
 check: deps
-	$(CARGO) fmt --check
+	$(CARGO) fmt --all --check
 	$(CARGO) clippy --all-targets --locked -- -D warnings
 
 # meson builds the plugin's .so (the gst-launch-1.0 tests load it), `meson test` runs

@@ -8,11 +8,12 @@
 # sums on the CPU.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-checker="$here/target/release/examples/frame_checker"
+target="${CARGO_TARGET_DIR:-$here/target}"
+checker="$target/release/examples/frame_checker"
 [ -x "$checker" ] || checker=$(command -v frame_checker)
 frames=${DEMO_FRAMES:-600}
 sock="${XDG_RUNTIME_DIR:-/tmp}/gpushm-demo-$$.sock"
-export GST_PLUGIN_PATH="${GST_PLUGIN_PATH:-$here/target/release}"
+export GST_PLUGIN_PATH="${GST_PLUGIN_PATH:-$target/release}"
 
 cleanup() { [ -n "${producer:-}" ] && kill "$producer" 2>/dev/null; rm -f "$sock"; }
 trap cleanup EXIT

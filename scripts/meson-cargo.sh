@@ -6,4 +6,4 @@ set -euo pipefail
 src=$1 profile=$2 out=$(realpath -m "$3")
 cd "$src"
 if [ "$profile" = release ]; then cargo build --locked --lib --release; else cargo build --locked --lib; fi
-cp "target/$profile/libgstgpushm.so" "$out"
+cp "${CARGO_TARGET_DIR:-target}/$profile/libgstgpushm.so" "$out"

@@ -25,9 +25,10 @@ mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;
 pub mod pattern;
-pub mod ring;
 
 pub use cudasum::planes as sum_planes;
+/// The transport (the `gpushm` crate), under the name the elements use.
+pub use gpushm as ring;
 pub use gpushmsrc::PUBLISH_TIMESTAMP_CAPS;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {

@@ -632,9 +632,9 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let a = Conn::new(a);
         let mut b = Conn::new(b);
-        let efd = crate::ring::shm::new_eventfd().unwrap();
-        let mem = crate::ring::shm::create_sealed_memfd("t", 4096).unwrap();
-        let e2 = crate::ring::shm::new_eventfd().unwrap();
+        let efd = crate::shm::new_eventfd().unwrap();
+        let mem = crate::shm::create_sealed_memfd("t", 4096).unwrap();
+        let e2 = crate::shm::new_eventfd().unwrap();
         a.send(
             &Message::Caps {
                 caps_gen: 1,
@@ -663,7 +663,7 @@ mod tests {
             .unwrap();
         assert!(matches!(m2, Message::Welcome { client_id: 1, .. }));
         assert_eq!(f2.len(), 3);
-        crate::ring::shm::check_sealed_memfd(f2[0].as_fd(), 4096, "client").unwrap();
+        crate::shm::check_sealed_memfd(f2[0].as_fd(), 4096, "client").unwrap();
         let (m3, _) = b
             .recv_timeout(Duration::from_secs(1), None)
             .unwrap()
@@ -684,8 +684,8 @@ mod tests {
             b.recv_timeout(Duration::from_millis(20), None),
             Err(Error::Timeout(_))
         ));
-        let wake = crate::ring::shm::new_eventfd().unwrap();
-        crate::ring::shm::notify(&wake);
+        let wake = crate::shm::new_eventfd().unwrap();
+        crate::shm::notify(&wake);
         assert!(b
             .recv_timeout(Duration::from_secs(10), Some(wake.as_fd()))
             .unwrap()

@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The shared-memory ring and its wire protocol. No GStreamer types in here: this module is
-//! the whole transport, usable and testable on its own.
+//! gpushm: the transport that shares live video frames between processes, with no GStreamer
+//! and no GLib. A producer renders into slots of a sealed memfd ring; consumers map it
+//! read-only and read frames in place (CUDA can register the mapping and read it too).
 //!
 //! - [`layout`]: where frames and control words live in shared memory.
 //! - [`wire`]: what goes over the unix socket, byte by byte.
 //! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
 //! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
+//! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
+//!
+//! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
 
 pub mod client;
 pub mod consumer;
