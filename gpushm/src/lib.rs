@@ -8,6 +8,8 @@
 //! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
 //! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
 //! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
+//! - [`publisher`]: the producer's socket, clients and the policy that decides which client
+//!   gets which frame (budgets, lossless and leaky, lagging clients, max-clients).
 //!
 //! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
 
@@ -15,6 +17,7 @@ pub mod client;
 pub mod consumer;
 pub mod layout;
 pub mod producer;
+pub mod publisher;
 pub mod shm;
 pub mod wire;
 

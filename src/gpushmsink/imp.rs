@@ -32,10 +32,11 @@ use gst_base::subclass::prelude::*;
 use gst_video::prelude::*;
 use once_cell::sync::Lazy;
 
+use super::pool::Server;
 use super::pool::SlotPool;
-use super::server::{Config, Event, Policy, Server};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::{FrameMeta, TimeCode};
+use crate::ring::publisher::{Config, Event, Policy};
 
 static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     gst::DebugCategory::new(
@@ -273,9 +274,21 @@ impl GpuShmSink {
         if cur_caps.as_ref().is_some_and(|c| c == caps) {
             return Ok(());
         }
-        let new_pool = server
-            .new_ring(slots, info.size() as u64, caps)
+        // Slots come back to the ring's pool once no consumer references them.
+        let cell: Arc<std::sync::OnceLock<SlotPool>> = Arc::default();
+        let requeue = {
+            let cell = cell.clone();
+            Arc::new(move |b: gst::Buffer| {
+                if let Some(p) = cell.get() {
+                    p.requeue(b);
+                }
+            })
+        };
+        let ring = server
+            .new_ring(slots, info.size() as u64, &caps.to_string(), requeue)
             .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
+        let new_pool = SlotPool::new(ring, Arc::downgrade(server));
+        let _ = cell.set(new_pool.clone());
         gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
         if let (Some(dev), Some(ring)) = (cuda.as_ref(), new_pool.ring()) {
             let (base, len) = ring.mapping();

@@ -4,7 +4,6 @@ use gst::prelude::*;
 
 mod imp;
 pub mod pool;
-pub mod server;
 
 glib::wrapper! {
     pub struct GpuShmSink(ObjectSubclass<imp::GpuShmSink>) @extends gst_base::BaseSink, gst::Element, gst::Object;

@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex, Weak};
 use gst::glib;
 use gst::subclass::prelude::*;
 
-use super::server::Server;
+use crate::ring::publisher::Publisher;
+
+/// The sink's publisher: slots are owned by buffers of its pool.
+pub type Server = Publisher<gst::Buffer>;
 use crate::memory::wrap_slot_memory;
 use crate::ring::producer::ProducerRing;
 

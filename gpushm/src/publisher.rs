@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The producer side's connection handling: the listening socket, one thread that accepts
-//! clients, runs their handshake, notices them leave (HUP) and takes back the slots they
-//! release, and `publish()`, which the streaming thread calls for every frame.
+//! The producer's side, and the one place that decides which client gets which frame: the
+//! listening socket, one thread that accepts clients, runs their handshake, notices them leave
+//! (HUP) and takes back the slots they release, and [`Publisher::publish`], which the
+//! producer calls for every frame with the per-client policy (budgets, lossless and leaky,
+//! lagging clients).
+//!
+//! `P` is what owns a slot on the producer's side while clients still read it (a GstBuffer of
+//! the sink's pool, or a plain token): it is parked until the last client released the slot,
+//! then handed to the ring's [`Requeue`].
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
@@ -15,11 +21,10 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
-use super::pool::SlotPool;
-use crate::ring::layout::CLIENT_QUEUE_CAPACITY;
-use crate::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use crate::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
-use crate::ring::{shm, Error, Result};
+use crate::layout::CLIENT_QUEUE_CAPACITY;
+use crate::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
+use crate::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
+use crate::{shm, Error, Result};
 
 /// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
 /// back (and counted as dropped) so that it never holds the producer up.
@@ -87,15 +92,20 @@ pub struct ClientStats {
     pub times_lagged: u64,
 }
 
-struct SlotState {
+/// Gives a parked slot owner back to whoever lends slots (a buffer pool), once no client
+/// references the slot any more.
+pub type Requeue<P> = Arc<dyn Fn(P) + Send + Sync>;
+
+struct SlotState<P> {
     client_refs: u32,
-    parked: Option<gst::Buffer>,
+    /// What owns the slot on the producer's side, kept until the last client released it.
+    parked: Option<P>,
 }
 
-struct RingState {
+struct RingState<P> {
     ring: Arc<ProducerRing>,
-    pool: SlotPool,
-    slots: Vec<SlotState>,
+    requeue: Requeue<P>,
+    slots: Vec<SlotState<P>>,
 }
 
 struct Client {
@@ -130,8 +140,8 @@ struct Pending {
     uid: u32,
 }
 
-struct Inner {
-    rings: Vec<RingState>,
+struct Inner<P> {
+    rings: Vec<RingState<P>>,
     clients: Vec<Client>,
     pending: Vec<Pending>,
     caps: Option<(u32, String)>,
@@ -160,8 +170,8 @@ pub struct Config {
     pub max_clients: usize,
 }
 
-pub struct Server {
-    inner: Mutex<Inner>,
+pub struct Publisher<P: Send + 'static> {
+    inner: Mutex<Inner<P>>,
     config: Config,
     /// Closed to make room for one accept() when the process runs out of descriptors, so
     /// that the refused client hears why instead of the listener spinning.
@@ -178,7 +188,7 @@ pub struct Server {
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+fn lock<P>(m: &Mutex<Inner<P>>) -> MutexGuard<'_, Inner<P>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -191,11 +201,11 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
     use std::os::unix::ffi::OsStrExt;
     let len = path.as_os_str().as_bytes().len();
-    if len > crate::ring::MAX_SOCKET_PATH {
+    if len > crate::MAX_SOCKET_PATH {
         return Err(Error::Invalid(format!(
             "socket-path {} is {len} bytes long: unix socket paths hold at most {} bytes",
             path.display(),
-            crate::ring::MAX_SOCKET_PATH
+            crate::MAX_SOCKET_PATH
         )));
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -290,7 +300,7 @@ fn errno(e: &std::io::Error) -> nix::errno::Errno {
     nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
 }
 
-impl Server {
+impl<P: Send + 'static> Publisher<P> {
     pub fn start(
         path: &Path,
         config: Config,
@@ -349,7 +359,7 @@ impl Server {
         if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = h.join();
         }
-        let parked: Vec<gst::Buffer> = {
+        let parked: Vec<P> = {
             let mut inner = lock(&self.inner);
             inner.clients.clear();
             inner.pending.clear();
@@ -421,8 +431,9 @@ impl Server {
         self: &Arc<Self>,
         slots: u32,
         frame_size: u64,
-        caps: &gst::Caps,
-    ) -> Result<SlotPool> {
+        caps: &str,
+        requeue: Requeue<P>,
+    ) -> Result<Arc<ProducerRing>> {
         let mut inner = lock(&self.inner);
         let gen = inner.next_ring_gen;
         let ring = Arc::new(ProducerRing::create(
@@ -432,12 +443,11 @@ impl Server {
             self.config.allow_writable,
         )?);
         inner.next_ring_gen += 1;
-        let pool = SlotPool::new(ring.clone(), Arc::downgrade(self));
         let caps_gen = inner.caps.as_ref().map_or(1, |c| c.0 + 1);
         inner.caps = Some((caps_gen, caps.to_string()));
         inner.rings.push(RingState {
-            ring,
-            pool: pool.clone(),
+            ring: ring.clone(),
+            requeue,
             slots: (0..slots)
                 .map(|_| SlotState {
                     client_refs: 0,
@@ -458,7 +468,7 @@ impl Server {
         let events = std::mem::take(&mut inner.events);
         drop(inner);
         self.emit(events);
-        Ok(pool)
+        Ok(ring)
     }
 
     /// True if no client references `slot` of the current ring, so it can carry a new frame.
@@ -472,15 +482,11 @@ impl Server {
         })
     }
 
-    pub fn current_pool(&self) -> Option<SlotPool> {
-        lock(&self.inner).rings.last().map(|r| r.pool.clone())
-    }
-
     pub fn caps_gen(&self) -> u32 {
         lock(&self.inner).caps.as_ref().map_or(0, |c| c.0)
     }
 
-    fn send_ring_and_caps(inner: &Inner, c: &Client) -> Result<()> {
+    fn send_ring_and_caps(inner: &Inner<P>, c: &Client) -> Result<()> {
         if let Some(r) = inner.rings.last() {
             let g = r.ring.geometry();
             let writable = c.writable && r.ring.is_writable();
@@ -614,7 +620,7 @@ impl Server {
         let seq = inner.next_seq;
         inner.next_seq += 1;
         meta.caps_gen = inner.caps.as_ref().map_or(0, |c| c.0);
-        meta.publish_ns = crate::ring::monotonic_ns();
+        meta.publish_ns = crate::monotonic_ns();
         inner.rings[ri].ring.publish(slot, seq, &meta);
         inner.stats.frames_sent += 1;
         let entry = Entry {
@@ -658,7 +664,7 @@ impl Server {
                     // Keep a short backlog and stay under the budget: drop the oldest frames
                     // the client has not taken yet. A client that takes nothing pins at most
                     // what it keeps zero-copy plus one.
-                    let cap = crate::ring::layout::zero_copy_limit(policy.budget) + 1;
+                    let cap = crate::layout::zero_copy_limit(policy.budget) + 1;
                     while c.ch.pending_len() > 0
                         && (c.ch.pending_len() >= LEAKY_BACKLOG || c.refs() >= cap)
                     {
@@ -708,12 +714,7 @@ impl Server {
 
     /// The pool got `buffer` back. Returns it if no client holds its slot, otherwise parks it
     /// until the last one released it.
-    pub fn buffer_returned(
-        &self,
-        ring_gen: u32,
-        slot: u32,
-        buffer: gst::Buffer,
-    ) -> Option<gst::Buffer> {
+    pub fn buffer_returned(&self, ring_gen: u32, slot: u32, buffer: P) -> Option<P> {
         let mut inner = lock(&self.inner);
         let shutdown = inner.shutdown;
         let Some(r) = inner
@@ -732,7 +733,7 @@ impl Server {
         }
     }
 
-    fn unref_slot(inner: &mut Inner, e: Entry, back: &mut Vec<(SlotPool, gst::Buffer)>) {
+    fn unref_slot(inner: &mut Inner<P>, e: Entry, back: &mut Vec<(Requeue<P>, P)>) {
         if let Some(r) = inner
             .rings
             .iter_mut()
@@ -742,21 +743,21 @@ impl Server {
                 s.client_refs = s.client_refs.saturating_sub(1);
                 if s.client_refs == 0 {
                     if let Some(b) = s.parked.take() {
-                        back.push((r.pool.clone(), b));
+                        back.push((r.requeue.clone(), b));
                     }
                 }
             }
         }
     }
 
-    fn give_back(&self, back: Vec<(SlotPool, gst::Buffer)>) {
-        for (pool, b) in back {
-            pool.requeue(b);
+    fn give_back(&self, back: Vec<(Requeue<P>, P)>) {
+        for (requeue, b) in back {
+            requeue(b);
         }
     }
 
     /// Forgets rings that are no longer current and that nobody references.
-    fn retire_idle_rings(inner: &mut Inner) {
+    fn retire_idle_rings(inner: &mut Inner<P>) {
         let n = inner.rings.len();
         let mut i = 0;
         inner.rings.retain(|r| {
@@ -768,7 +769,7 @@ impl Server {
         });
     }
 
-    fn drop_client(&self, inner: &mut Inner, id: u32, reason: String) {
+    fn drop_client(&self, inner: &mut Inner<P>, id: u32, reason: String) {
         let Some(i) = inner.clients.iter().position(|c| c.id == id) else {
             return;
         };
@@ -918,7 +919,7 @@ impl Server {
         true
     }
 
-    fn accept_all(&self, inner: &mut Inner) {
+    fn accept_all(&self, inner: &mut Inner<P>) {
         loop {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
@@ -986,7 +987,7 @@ impl Server {
         }
     }
 
-    fn advance_handshake(&self, inner: &mut Inner, i: usize) {
+    fn advance_handshake(&self, inner: &mut Inner<P>, i: usize) {
         let hello = match inner.pending[i].conn.try_recv() {
             Ok(None) => return,
             Ok(Some((
