@@ -5,14 +5,8 @@
 
 use gst_video::prelude::*;
 
-/// The value of every byte of one row.
-pub fn row_value(frame: u64, plane: usize, row: usize) -> u8 {
-    (frame
-        .wrapping_mul(7)
-        .wrapping_add(plane as u64 * 31)
-        .wrapping_add(row as u64 * 3)
-        & 0xff) as u8
-}
+/// The value of every byte of one row (defined once, in the transport crate).
+pub use crate::ring::format::pattern_value as row_value;
 
 /// Fills a writable video frame with the pattern of frame `n`.
 pub fn fill(frame: &mut gst_video::VideoFrameRef<&mut gst::BufferRef>, n: u64) {

@@ -4,7 +4,7 @@
 //! dropped, on whatever thread that happens.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -398,7 +398,7 @@ impl Connection {
         self.rings.back().cloned()
     }
 
-    fn socket_fd(&self) -> RawFd {
+    pub fn socket_fd(&self) -> RawFd {
         self.conn.raw_fd()
     }
 
@@ -593,5 +593,130 @@ fn connect_error(path: &Path, e: &std::io::Error) -> Error {
         )),
         Some(errno) => Error::os(format!("cannot connect to {p}"), errno),
         None => Error::Invalid(format!("cannot connect to {p}: {e}")),
+    }
+}
+
+impl Frame {
+    /// The frame's layout, checked against its format and its slot (see
+    /// [`crate::format::FrameLayout::of_frame`]).
+    pub fn layout(&self) -> std::result::Result<crate::format::FrameLayout, String> {
+        crate::format::FrameLayout::of_frame(&self.meta)
+    }
+
+    /// The frame's bytes (`meta.payload_size`), copied out of the ring.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let n = self.meta.payload_size as usize;
+        let mut v = Vec::with_capacity(n);
+        // SAFETY: the lease keeps `n` bytes at `ptr` mapped (checked against the slot by
+        // read_frame); a raw copy forms no reference to shared memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr(), n);
+            v.set_len(n);
+        }
+        v
+    }
+
+    /// Where the frame's bytes are, and how many: for handing to a GPU or an array library
+    /// without a copy. They stay valid and unchanged while this frame (its lease) lives.
+    pub fn as_ptr(&self) -> (*const u8, usize) {
+        (self.ptr, self.meta.payload_size as usize)
+    }
+}
+
+/// A consumer for apps without GStreamer: connects to a gpushmsink or a
+/// [`crate::publisher::FramePublisher`] and yields frames that point into the shared ring. A
+/// frame's slot goes back to the producer when the [`Frame`] is dropped, on any thread.
+///
+/// ```no_run
+/// use gpushm::client::{ConnectOptions, Subscriber};
+/// let mut sub = Subscriber::connect("/tmp/cam".as_ref(), ConnectOptions::default()).unwrap();
+/// while let Some(frame) = sub.next_frame(None).unwrap() {
+///     let layout = frame.layout().unwrap();
+///     println!("frame {} {:?} {}x{}", frame.meta.offset, layout.format, layout.width, layout.height);
+/// }
+/// ```
+pub struct Subscriber {
+    conn: Connection,
+    wake: Arc<EventFd>,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            lossless: false,
+            writable_ring: false,
+            name: format!("pid {}", std::process::id()),
+            timeout: Duration::from_secs(5),
+            retry: Duration::from_millis(100),
+            producer_uid: None,
+        }
+    }
+}
+
+/// Interrupts a [`Subscriber`] waiting in [`Subscriber::next_frame`], from any thread.
+#[derive(Clone)]
+pub struct Waker(Arc<EventFd>);
+
+impl Waker {
+    pub fn wake(&self) {
+        shm::notify(&self.0);
+    }
+}
+
+impl Subscriber {
+    /// Connects to the producer at `path`, waiting up to `opts.timeout` for one to appear.
+    pub fn connect(path: &Path, opts: ConnectOptions) -> Result<Self> {
+        let wake = Arc::new(shm::new_eventfd()?);
+        let conn = Connection::connect(path, &opts, Some(wake.as_fd()))?;
+        Ok(Self { conn, wake })
+    }
+
+    /// The next frame: `Ok(None)` at the end of the stream (the producer sent EOS),
+    /// `Err(Error::Timeout)` when none came within `timeout` (`None`: wait as long as it
+    /// takes), `Err(Error::Interrupted)` when woken ([`Self::waker`]), `Err(Disconnected)`
+    /// or another error when the producer went away.
+    pub fn next_frame(&mut self, timeout: Option<Duration>) -> Result<Option<Frame>> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            if let Some(f) = self.conn.try_next()? {
+                return Ok(Some(f));
+            }
+            if self.conn.is_eos() {
+                return Ok(None);
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(Error::Timeout("no frame from the producer".into()));
+            }
+            match self.conn.wait(self.wake.as_fd(), left)? {
+                Wait::Woken => {
+                    shm::drain(&self.wake);
+                    return Err(Error::Interrupted);
+                }
+                Wait::TimedOut => return Err(Error::Timeout("no frame from the producer".into())),
+                Wait::Ready => {}
+            }
+        }
+    }
+
+    /// Interrupts [`Self::next_frame`] from another thread.
+    pub fn waker(&self) -> Waker {
+        Waker(self.wake.clone())
+    }
+
+    /// The producer's newest caps (a GStreamer caps string).
+    pub fn caps(&self) -> Option<Arc<str>> {
+        self.conn.caps()
+    }
+
+    /// Frames the producer did not hand us (we fell behind).
+    pub fn dropped(&self) -> u64 {
+        self.conn.dropped()
+    }
+
+    /// Descriptors to poll (readable) in an event loop before calling [`Self::next_frame`]:
+    /// the frame-ready eventfd and the control socket (news, or the producer's end).
+    pub fn poll_fds(&self) -> [RawFd; 2] {
+        [self.conn.ready_fd(), self.conn.socket_fd()]
     }
 }

@@ -7,6 +7,7 @@
 //! - [`wire`]: what goes over the unix socket, byte by byte.
 //! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
 //! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
+//! - [`format`]: raw video formats, plane geometry and caps strings, for apps.
 //! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
 //! - [`publisher`]: the producer's socket, clients and the policy that decides which client
 //!   gets which frame (budgets, lossless and leaky, lagging clients, max-clients).
@@ -15,6 +16,7 @@
 
 pub mod client;
 pub mod consumer;
+pub mod format;
 pub mod layout;
 pub mod producer;
 pub mod publisher;

@@ -159,6 +159,7 @@ struct Inner<P> {
 }
 
 /// How a server is set up, fixed at start.
+/// Socket permissions 0600, no writable rings, 64 clients.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Permissions of the socket file.
@@ -1099,4 +1100,211 @@ enum Kind {
     Socket(u32),
     Release(u32),
     Pending(usize),
+}
+
+/// What owns a slot of a [`FramePublisher`] while clients read it.
+pub struct SlotToken(u32);
+
+type FreeSlots = Arc<(Mutex<Vec<u32>>, Condvar)>;
+
+/// A producer for apps without GStreamer: serves a socket path, hands out slots to fill in
+/// place ([`FramePublisher::acquire`]) and publishes them with the same per-client policy as
+/// gpushmsink. gpushmsrc and [`crate::client::Subscriber`] receive its frames.
+///
+/// ```
+/// use gpushm::format::{FrameLayout, VideoFormat};
+/// use gpushm::publisher::{Config, FramePublisher};
+/// # let dir = std::env::temp_dir().join(format!("gpushm-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
+/// let camera = FramePublisher::new(&dir.join("cam"), layout, (30, 1), 8, Config::default()).unwrap();
+/// let mut slot = camera.acquire(std::time::Duration::from_secs(1)).unwrap();
+/// slot.bytes_mut().fill(128);
+/// camera.publish(slot, None).unwrap();
+/// # drop(camera); std::fs::remove_dir_all(&dir).ok();
+/// ```
+pub struct FramePublisher {
+    engine: Arc<Publisher<SlotToken>>,
+    ring: Arc<ProducerRing>,
+    layout: crate::format::FrameLayout,
+    fps: (u32, u32),
+    free: FreeSlots,
+    policy: Policy,
+    start_ns: u64,
+    frames: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            perms: 0o600,
+            allow_writable: false,
+            max_clients: 64,
+        }
+    }
+}
+
+/// A slot of a [`FramePublisher`] lent to the app to fill; publish it, or drop it to give it
+/// back unpublished.
+pub struct SlotLease<'a> {
+    publisher: &'a FramePublisher,
+    slot: u32,
+    published: bool,
+}
+
+impl SlotLease<'_> {
+    /// The slot's bytes: the frame, laid out as [`FramePublisher::layout`] says.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        let p = self.publisher;
+        // SAFETY: the slot is ours alone until published (no client references it, and
+        // clients only ever map the ring read-only); `size` fits the slot by construction.
+        unsafe {
+            std::slice::from_raw_parts_mut(p.ring.slot_ptr(self.slot), p.layout.size as usize)
+        }
+    }
+}
+
+impl Drop for SlotLease<'_> {
+    fn drop(&mut self) {
+        if !self.published {
+            let (free, cond) = &*self.publisher.free;
+            free.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.slot);
+            cond.notify_one();
+        }
+    }
+}
+
+impl FramePublisher {
+    /// Serves `path` with a ring of `slots` frames laid out as `layout`, at `fps` (n, d).
+    pub fn new(
+        path: &Path,
+        layout: crate::format::FrameLayout,
+        fps: (u32, u32),
+        slots: u32,
+        config: Config,
+    ) -> Result<Self> {
+        if fps.0 == 0 || fps.1 == 0 {
+            return Err(Error::Invalid(format!(
+                "frame rate {}/{} is not a rate",
+                fps.0, fps.1
+            )));
+        }
+        let engine: Arc<Publisher<SlotToken>> = Publisher::start(path, config, Box::new(|_| {}))?;
+        let free: FreeSlots = Arc::new((Mutex::new((0..slots).rev().collect()), Condvar::new()));
+        let requeue: Requeue<SlotToken> = {
+            let free = free.clone();
+            Arc::new(move |t: SlotToken| {
+                free.0.lock().unwrap_or_else(|e| e.into_inner()).push(t.0);
+                free.1.notify_one();
+            })
+        };
+        let ring = match engine.new_ring(slots, layout.size, &layout.caps(fps.0, fps.1), requeue) {
+            Ok(r) => r,
+            Err(e) => {
+                engine.stop();
+                return Err(e);
+            }
+        };
+        let budget = (slots as usize / 2).max(1);
+        let frame_ns = 1_000_000_000u64 * fps.1 as u64 / fps.0 as u64;
+        Ok(Self {
+            engine,
+            ring,
+            layout,
+            fps,
+            free,
+            policy: Policy {
+                budget,
+                max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
+            },
+            start_ns: crate::monotonic_ns(),
+            frames: Default::default(),
+        })
+    }
+
+    pub fn layout(&self) -> &crate::format::FrameLayout {
+        &self.layout
+    }
+
+    /// Consumers connected now.
+    pub fn num_clients(&self) -> usize {
+        self.engine.num_clients()
+    }
+
+    pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
+        self.engine.stats()
+    }
+
+    /// A free slot to fill, waiting up to `timeout` for one (consumers hold them all).
+    pub fn acquire(&self, timeout: Duration) -> Result<SlotLease<'_>> {
+        let (free, cond) = &*self.free;
+        let deadline = Instant::now() + timeout;
+        let mut f = free.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(slot) = f.pop() {
+                return Ok(SlotLease {
+                    publisher: self,
+                    slot,
+                    published: false,
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(
+                    "every slot is still held by consumers".into(),
+                ));
+            }
+            f = cond
+                .wait_timeout(f, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Publishes a filled slot to every consumer. `capture_ns` is when the frame was captured
+    /// (CLOCK_MONOTONIC, see [`crate::monotonic_ns`]); `None` means now.
+    pub fn publish(&self, mut lease: SlotLease<'_>, capture_ns: Option<u64>) -> Result<()> {
+        let n = self
+            .frames
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = capture_ns.unwrap_or_else(crate::monotonic_ns);
+        let mut meta = FrameMeta {
+            pts: t.saturating_sub(self.start_ns),
+            dts: crate::layout::NONE_U64,
+            duration: 1_000_000_000u64 * self.fps.1 as u64 / self.fps.0 as u64,
+            offset: n,
+            offset_end: n + 1,
+            pts_clock: t,
+            dts_clock: crate::layout::NONE_U64,
+            latency: 0,
+            live: true,
+            ..Default::default()
+        };
+        self.layout.describe(&mut meta);
+        let gen = self.ring.ring_gen();
+        let slot = lease.slot;
+        lease.published = true;
+        drop(lease);
+        let result = self.engine.publish(gen, slot, meta, self.policy);
+        // The slot comes back when the last consumer releases it (at once if none holds it).
+        if let Some(t) = self.engine.buffer_returned(gen, slot, SlotToken(slot)) {
+            let (free, cond) = &*self.free;
+            free.lock().unwrap_or_else(|e| e.into_inner()).push(t.0);
+            cond.notify_one();
+        }
+        result.map(|_| ())
+    }
+
+    /// Tells every consumer the stream ended.
+    pub fn send_eos(&self) {
+        self.engine.send_eos();
+    }
+}
+
+impl Drop for FramePublisher {
+    fn drop(&mut self) {
+        self.engine.stop();
+    }
 }
