@@ -1107,6 +1107,16 @@ pub struct SlotToken(u32);
 
 type FreeSlots = Arc<(Mutex<Vec<u32>>, Condvar)>;
 
+/// The ring frames go into now, and its free slots (each ring has its own: slots of an older
+/// ring come back to that ring's list, which is then simply dropped).
+#[derive(Clone)]
+struct Current {
+    ring: Arc<ProducerRing>,
+    layout: crate::format::FrameLayout,
+    fps: (u32, u32),
+    free: FreeSlots,
+}
+
 /// A producer for apps without GStreamer: serves a socket path, hands out slots to fill in
 /// place ([`FramePublisher::acquire`]) and publishes them with the same per-client policy as
 /// gpushmsink. gpushmsrc and [`crate::client::Subscriber`] receive its frames.
@@ -1125,11 +1135,8 @@ type FreeSlots = Arc<(Mutex<Vec<u32>>, Condvar)>;
 /// ```
 pub struct FramePublisher {
     engine: Arc<Publisher<SlotToken>>,
-    ring: Arc<ProducerRing>,
-    layout: crate::format::FrameLayout,
-    fps: (u32, u32),
-    free: FreeSlots,
-    policy: Policy,
+    current: Mutex<Current>,
+    slots: u32,
     start_ns: u64,
     frames: std::sync::atomic::AtomicU64,
 }
@@ -1146,28 +1153,35 @@ impl Default for Config {
 
 /// A slot of a [`FramePublisher`] lent to the app to fill; publish it, or drop it to give it
 /// back unpublished.
-pub struct SlotLease<'a> {
-    publisher: &'a FramePublisher,
+pub struct SlotLease {
+    cur: Current,
     slot: u32,
     published: bool,
 }
 
-impl SlotLease<'_> {
-    /// The slot's bytes: the frame, laid out as [`FramePublisher::layout`] says.
+impl SlotLease {
+    /// The slot's bytes: the frame, laid out as [`Self::layout`] says.
     pub fn bytes_mut(&mut self) -> &mut [u8] {
-        let p = self.publisher;
         // SAFETY: the slot is ours alone until published (no client references it, and
-        // clients only ever map the ring read-only); `size` fits the slot by construction.
+        // clients only ever map the ring read-only); the layout's size fits the slot.
         unsafe {
-            std::slice::from_raw_parts_mut(p.ring.slot_ptr(self.slot), p.layout.size as usize)
+            std::slice::from_raw_parts_mut(
+                self.cur.ring.slot_ptr(self.slot),
+                self.cur.layout.size as usize,
+            )
         }
+    }
+
+    /// The layout of the frame this slot holds.
+    pub fn layout(&self) -> &crate::format::FrameLayout {
+        &self.cur.layout
     }
 }
 
-impl Drop for SlotLease<'_> {
+impl Drop for SlotLease {
     fn drop(&mut self) {
         if !self.published {
-            let (free, cond) = &*self.publisher.free;
+            let (free, cond) = &*self.cur.free;
             free.lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(self.slot);
@@ -1185,13 +1199,35 @@ impl FramePublisher {
         slots: u32,
         config: Config,
     ) -> Result<Self> {
+        let engine: Arc<Publisher<SlotToken>> = Publisher::start(path, config, Box::new(|_| {}))?;
+        let current = match Self::ring(&engine, layout, fps, slots) {
+            Ok(c) => c,
+            Err(e) => {
+                engine.stop();
+                return Err(e);
+            }
+        };
+        Ok(Self {
+            engine,
+            current: Mutex::new(current),
+            slots,
+            start_ns: crate::monotonic_ns(),
+            frames: Default::default(),
+        })
+    }
+
+    fn ring(
+        engine: &Arc<Publisher<SlotToken>>,
+        layout: crate::format::FrameLayout,
+        fps: (u32, u32),
+        slots: u32,
+    ) -> Result<Current> {
         if fps.0 == 0 || fps.1 == 0 {
             return Err(Error::Invalid(format!(
                 "frame rate {}/{} is not a rate",
                 fps.0, fps.1
             )));
         }
-        let engine: Arc<Publisher<SlotToken>> = Publisher::start(path, config, Box::new(|_| {}))?;
         let free: FreeSlots = Arc::new((Mutex::new((0..slots).rev().collect()), Condvar::new()));
         let requeue: Requeue<SlotToken> = {
             let free = free.clone();
@@ -1200,32 +1236,32 @@ impl FramePublisher {
                 free.1.notify_one();
             })
         };
-        let ring = match engine.new_ring(slots, layout.size, &layout.caps(fps.0, fps.1), requeue) {
-            Ok(r) => r,
-            Err(e) => {
-                engine.stop();
-                return Err(e);
-            }
-        };
-        let budget = (slots as usize / 2).max(1);
-        let frame_ns = 1_000_000_000u64 * fps.1 as u64 / fps.0 as u64;
-        Ok(Self {
-            engine,
+        let ring = engine.new_ring(slots, layout.size, &layout.caps(fps.0, fps.1), requeue)?;
+        Ok(Current {
             ring,
             layout,
             fps,
             free,
-            policy: Policy {
-                budget,
-                max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
-            },
-            start_ns: crate::monotonic_ns(),
-            frames: Default::default(),
         })
     }
 
-    pub fn layout(&self) -> &crate::format::FrameLayout {
-        &self.layout
+    /// Changes the frames' format or size: a new ring, announced to every consumer (like a
+    /// caps change in GStreamer). Slots lent before keep their old layout.
+    pub fn set_layout(&self, layout: crate::format::FrameLayout, fps: (u32, u32)) -> Result<()> {
+        let c = Self::ring(&self.engine, layout, fps, self.slots)?;
+        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
+        Ok(())
+    }
+
+    pub fn layout(&self) -> crate::format::FrameLayout {
+        self.cur().layout
+    }
+
+    fn cur(&self) -> Current {
+        self.current
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Consumers connected now.
@@ -1238,14 +1274,15 @@ impl FramePublisher {
     }
 
     /// A free slot to fill, waiting up to `timeout` for one (consumers hold them all).
-    pub fn acquire(&self, timeout: Duration) -> Result<SlotLease<'_>> {
-        let (free, cond) = &*self.free;
+    pub fn acquire(&self, timeout: Duration) -> Result<SlotLease> {
+        let cur = self.cur();
         let deadline = Instant::now() + timeout;
-        let mut f = free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = cur.free.0.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(slot) = f.pop() {
+                drop(f);
                 return Ok(SlotLease {
-                    publisher: self,
+                    cur,
                     slot,
                     published: false,
                 });
@@ -1256,7 +1293,9 @@ impl FramePublisher {
                     "every slot is still held by consumers".into(),
                 ));
             }
-            f = cond
+            f = cur
+                .free
+                .1
                 .wait_timeout(f, left)
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
@@ -1265,15 +1304,17 @@ impl FramePublisher {
 
     /// Publishes a filled slot to every consumer. `capture_ns` is when the frame was captured
     /// (CLOCK_MONOTONIC, see [`crate::monotonic_ns`]); `None` means now.
-    pub fn publish(&self, mut lease: SlotLease<'_>, capture_ns: Option<u64>) -> Result<()> {
+    pub fn publish(&self, mut lease: SlotLease, capture_ns: Option<u64>) -> Result<()> {
+        let cur = lease.cur.clone();
         let n = self
             .frames
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = capture_ns.unwrap_or_else(crate::monotonic_ns);
+        let frame_ns = 1_000_000_000u64 * cur.fps.1 as u64 / cur.fps.0 as u64;
         let mut meta = FrameMeta {
             pts: t.saturating_sub(self.start_ns),
             dts: crate::layout::NONE_U64,
-            duration: 1_000_000_000u64 * self.fps.1 as u64 / self.fps.0 as u64,
+            duration: frame_ns,
             offset: n,
             offset_end: n + 1,
             pts_clock: t,
@@ -1282,15 +1323,19 @@ impl FramePublisher {
             live: true,
             ..Default::default()
         };
-        self.layout.describe(&mut meta);
-        let gen = self.ring.ring_gen();
+        cur.layout.describe(&mut meta);
+        let gen = cur.ring.ring_gen();
         let slot = lease.slot;
         lease.published = true;
         drop(lease);
-        let result = self.engine.publish(gen, slot, meta, self.policy);
+        let policy = Policy {
+            budget: (self.slots as usize / 2).max(1),
+            max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
+        };
+        let result = self.engine.publish(gen, slot, meta, policy);
         // The slot comes back when the last consumer releases it (at once if none holds it).
         if let Some(t) = self.engine.buffer_returned(gen, slot, SlotToken(slot)) {
-            let (free, cond) = &*self.free;
+            let (free, cond) = &*cur.free;
             free.lock().unwrap_or_else(|e| e.into_inner()).push(t.0);
             cond.notify_one();
         }
