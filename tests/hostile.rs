@@ -21,7 +21,7 @@ use gstgpushm::ring::consumer::ConsumerChannel;
 use gstgpushm::ring::layout::MAX_PLANES;
 use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing, TimeCode};
 use gstgpushm::ring::shm;
-use gstgpushm::ring::wire::{Conn, Message, FLAG_WRITABLE_RING, RING_WRITABLE};
+use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use nix::sys::eventfd::EventFd;
 
 /// Real-time victims: one attack at a time.
@@ -528,12 +528,22 @@ fn extra_descriptors_are_closed_on_both_sides() {
     }
     .encode();
     let mut counts = Vec::new();
+    // As many descriptors as fit in one receive (more are cut off by the kernel and refused).
+    let five = &raw[..5];
+    listener.set_nonblocking(true).unwrap();
     for i in 0..100 {
-        let (s, _) = listener.accept().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let s = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("the consumer stopped reconnecting at {i}: {e}"),
+            }
+        };
         let _ = nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
             s.as_raw_fd(),
             &[std::io::IoSlice::new(&welcome[..10])],
-            &[nix::sys::socket::ControlMessage::ScmRights(&raw)],
+            &[nix::sys::socket::ControlMessage::ScmRights(five)],
             nix::sys::socket::MsgFlags::empty(),
             None,
         );
@@ -600,6 +610,33 @@ fn a_connection_flood_cannot_exhaust_the_producer() {
         }
     }
     assert!(refused >= 300 - 64, "refused {refused}");
+    // Descriptors parked on connections: each sends the first byte of a message with 16
+    // descriptors attached. The producer refuses them at once instead of keeping them.
+    let spare: Vec<std::fs::File> = (0..16)
+        .map(|_| std::fs::File::open("/dev/null").unwrap())
+        .collect();
+    let raw: Vec<i32> = spare.iter().map(|f| f.as_raw_fd()).collect();
+    let mut parked = Vec::new();
+    for _ in 0..100 {
+        let Ok(s) = UnixStream::connect(&sock) else {
+            continue;
+        };
+        let _ = nix::sys::socket::sendmsg::<nix::sys::socket::UnixAddr>(
+            s.as_raw_fd(),
+            &[std::io::IoSlice::new(b"G")],
+            &[nix::sys::socket::ControlMessage::ScmRights(&raw)],
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        );
+        parked.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let fds = fd_count(p.child.id());
+    assert!(
+        fds < 64 * 4 + 100,
+        "the producer holds {fds} descriptors with 100 connections parking 16 each"
+    );
+    drop(parked);
     std::thread::sleep(Duration::from_secs(1));
     let to = now();
     drop(flood);
@@ -832,4 +869,41 @@ fn second_user_squatting_the_path_gets_no_consumer() {
     );
     let (_, nout) = named.finish(Duration::from_secs(10));
     assert!(nout.iter().any(|l| l.contains("width=(int)160")));
+}
+
+/// Clients that take frames and never give them back (they break no rule) cannot stop the
+/// producer: once they hold every slot for a moment, the one holding most is disconnected,
+/// and the victim goes on.
+#[test]
+fn clients_that_take_and_hold_every_slot_cannot_stop_the_producer() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("hold.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    // Three lossless hoarders take every frame delivered to them and release nothing.
+    let hoarders: Vec<Raw> = (0..3).map(|_| raw_connect(&sock, FLAG_LOSSLESS)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let taker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for h in &hoarders {
+                    while let Ok(Some(_)) = h.ch.take() {}
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            hoarders
+        })
+    };
+    std::thread::sleep(Duration::from_secs(4));
+    let from = now() - 2_000_000_000;
+    let to = now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _hoarders = taker.join().unwrap();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    // The last two seconds: every frame, at full rate.
+    assert_full_rate(&out, from, to);
 }

@@ -251,7 +251,7 @@ impl Connection {
                 }
             }
         };
-        let me = nix::unistd::getuid().as_raw();
+        let me = nix::unistd::geteuid().as_raw();
         let peer = getsockopt(&stream, PeerCredentials)
             .map_err(|e| Error::os("reading the producer's credentials (SO_PEERCRED)", e))?;
         let accepted = match opts.producer_uid {

@@ -156,6 +156,8 @@ struct Inner<P> {
     /// Clients removed by other threads, whose descriptors the connection thread may still
     /// be polling: only that thread drops them, between two polls.
     closing: Vec<Client>,
+    /// Since when every slot of the current ring is referenced by clients.
+    starved_since: Option<Instant>,
 }
 
 /// How a server is set up, fixed at start.
@@ -187,7 +189,17 @@ pub struct Publisher<P: Send + 'static> {
     inode: u64,
     on_event: Box<dyn Fn(Event) + Send + Sync>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Whatever holds a client's descriptors is dropped on this thread: closing a descriptor
+    /// a hostile client sent can block (a socket lingering, a file on its FUSE mount), and
+    /// neither the connection thread nor the producer may wait for that.
+    reaper: Mutex<std::sync::mpsc::Sender<Box<dyn Send>>>,
 }
+
+/// Connections still in their handshake, at most; more are refused at once.
+pub const MAX_PENDING: usize = 16;
+/// How long every slot of the ring may be held by clients before the client holding most is
+/// disconnected (it takes frames and never gives them back, or it is frozen with many).
+pub const STARVATION_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn lock<P>(m: &Mutex<Inner<P>>) -> MutexGuard<'_, Inner<P>> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -308,6 +320,16 @@ impl<P: Send + 'static> Publisher<P> {
         on_event: Box<dyn Fn(Event) + Send + Sync>,
     ) -> Result<Arc<Self>> {
         let listener = bind(path, config.perms)?;
+        let (reap_tx, reap_rx) = std::sync::mpsc::channel::<Box<dyn Send>>();
+        std::thread::Builder::new()
+            .name("gpushm-reaper".into())
+            .spawn(move || {
+                // Ends when the publisher (the only sender) is gone.
+                while let Ok(x) = reap_rx.recv() {
+                    drop(x);
+                }
+            })
+            .map_err(|e| Error::os("spawning the reaper thread", errno(&e)))?;
         let inode = std::fs::metadata(path).map(|m| m.ino()).unwrap_or(0);
         let server = Arc::new(Self {
             inner: Mutex::new(Inner {
@@ -324,6 +346,7 @@ impl<P: Send + 'static> Publisher<P> {
                 unlocked: false,
                 events: Vec::new(),
                 closing: Vec::new(),
+                starved_since: None,
             }),
             config,
             reserve: Mutex::new(std::fs::File::open("/dev/null").ok()),
@@ -335,6 +358,7 @@ impl<P: Send + 'static> Publisher<P> {
             inode,
             on_event,
             thread: Mutex::new(None),
+            reaper: Mutex::new(reap_tx),
         });
         let weak = Arc::downgrade(&server);
         let handle = std::thread::Builder::new()
@@ -796,6 +820,15 @@ impl<P: Send + 'static> Publisher<P> {
         inner.events.push(Event::Disconnected { id, reason });
     }
 
+    /// Drops `x` on the reaper thread (see the field).
+    fn reap(&self, x: Box<dyn Send>) {
+        let _ = self
+            .reaper
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(x);
+    }
+
     fn emit(&self, events: Vec<Event>) {
         for e in events {
             (self.on_event)(e);
@@ -805,13 +838,17 @@ impl<P: Send + 'static> Publisher<P> {
     /// One round of the connection thread. Returns false when it should stop.
     fn serve_once(&self) -> bool {
         // Collect what to poll under the lock, poll without it.
-        let (raw, deadline) = {
+        let (raw, deadline, has_clients) = {
             let mut inner = lock(&self.inner);
             if inner.shutdown {
                 return false;
             }
-            // No poll is under way: the descriptors of removed clients can close now.
-            inner.closing.clear();
+            // No poll is under way: the descriptors of removed clients can close now (on
+            // the reaper thread).
+            let closing = std::mem::take(&mut inner.closing);
+            if !closing.is_empty() {
+                self.reap(Box::new(closing));
+            }
             let mut raw = vec![
                 (self.wake.as_raw_fd(), Kind::Wake),
                 (self.listener.as_raw_fd(), Kind::Listen),
@@ -830,6 +867,7 @@ impl<P: Send + 'static> Publisher<P> {
                     .iter()
                     .map(|p| p.since + HANDSHAKE_TIMEOUT)
                     .min(),
+                !inner.clients.is_empty(),
             )
         };
         let timeout = match deadline {
@@ -840,6 +878,7 @@ impl<P: Send + 'static> Publisher<P> {
                     + 1,
             )
             .unwrap_or(PollTimeout::MAX),
+            None if has_clients => PollTimeout::from(100u16),
             None => PollTimeout::NONE,
         };
         // SAFETY: every fd is owned by `self` or by an entry of `inner`. Clients removed by
@@ -909,7 +948,14 @@ impl<P: Send + 'static> Publisher<P> {
             self.advance_handshake(&mut inner, i);
         }
         let now = Instant::now();
-        inner.pending.retain(|p| now < p.since + HANDSHAKE_TIMEOUT);
+        let (alive, late): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut inner.pending)
+            .into_iter()
+            .partition(|p| now < p.since + HANDSHAKE_TIMEOUT);
+        inner.pending = alive;
+        if !late.is_empty() {
+            self.reap(Box::new(late));
+        }
+        self.check_starvation(&mut inner, now);
         Self::retire_idle_rings(&mut inner);
         let events = std::mem::take(&mut inner.events);
         drop(inner);
@@ -918,6 +964,40 @@ impl<P: Send + 'static> Publisher<P> {
         self.released.notify_all();
         self.emit(events);
         true
+    }
+
+    /// Clients that keep every slot of the ring (taking frames and never giving them back,
+    /// or several frozen at once) would stop the producer for good: past
+    /// [`STARVATION_TIMEOUT`] the one holding most is disconnected, which gives its slots back.
+    fn check_starvation(&self, inner: &mut Inner<P>, now: Instant) {
+        let starved = inner
+            .rings
+            .last()
+            .is_some_and(|r| r.slots.iter().all(|s| s.client_refs > 0));
+        if !starved {
+            inner.starved_since = None;
+            return;
+        }
+        let since = *inner.starved_since.get_or_insert(now);
+        if now.duration_since(since) < STARVATION_TIMEOUT {
+            return;
+        }
+        inner.starved_since = None;
+        let Some((id, refs)) = inner
+            .clients
+            .iter()
+            .map(|c| (c.id, c.refs()))
+            .max_by_key(|&(_, r)| r)
+        else {
+            return;
+        };
+        self.drop_client(
+            inner,
+            id,
+            format!(
+                "clients held every slot of the ring for {STARVATION_TIMEOUT:?}; this one held {refs}: disconnected so that the producer can go on"
+            ),
+        );
     }
 
     fn accept_all(&self, inner: &mut Inner<P>) {
@@ -936,12 +1016,14 @@ impl<P: Send + 'static> Publisher<P> {
                     *reserve = None;
                     if let Ok((s, _)) = self.listener.accept() {
                         let _ = s.set_nonblocking(true);
-                        let _ = Conn::new(s).send(
+                        let conn = Conn::new(s);
+                        let _ = conn.send(
                             &Message::Error {
                                 message: "the producer is out of file descriptors".into(),
                             },
                             &[],
                         );
+                        self.reap(Box::new(conn));
                     }
                     *reserve = std::fs::File::open("/dev/null").ok();
                     inner.events.push(Event::Disconnected {
@@ -959,20 +1041,27 @@ impl<P: Send + 'static> Publisher<P> {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
-            let conn = Conn::new(stream);
-            // Handshakes in flight count against max-clients too: a flood of silent
-            // connections cannot exhaust descriptors either.
-            if inner.clients.len() + inner.pending.len() >= self.config.max_clients {
-                let why = format!(
+            let conn = Conn::new(stream).refusing_fds();
+            let why = if inner.clients.len() >= self.config.max_clients {
+                Some(format!(
                     "the producer already serves its maximum of {} consumers (max-clients)",
                     self.config.max_clients
-                );
+                ))
+            } else if inner.pending.len() >= MAX_PENDING {
+                Some(format!(
+                    "{MAX_PENDING} connections are already in their handshake; try again"
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
                 let _ = conn.send(
                     &Message::Error {
                         message: why.clone(),
                     },
                     &[],
                 );
+                self.reap(Box::new(conn));
                 inner.events.push(Event::Disconnected {
                     id: 0,
                     reason: format!("refused pid {pid} (uid {uid}): {why}"),
@@ -1026,6 +1115,7 @@ impl<P: Send + 'static> Publisher<P> {
                     id: 0,
                     reason: format!("handshake failed: {why}"),
                 });
+                self.reap(Box::new(p));
                 return;
             }
         };

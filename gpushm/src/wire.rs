@@ -49,8 +49,9 @@ pub const FLAG_WRITABLE_RING: u32 = 2;
 /// `Ring.flags`: the descriptor is writable (granted to a client that asked, when the producer
 /// allows it); otherwise it is read-only and the ring is sealed against writes.
 pub const RING_WRITABLE: u32 = 1;
-/// Most descriptors one recvmsg() takes in (the kernel's SCM_MAX_FD); more are refused.
-const RECV_FDS: usize = 253;
+/// Descriptors one recvmsg() takes in: one more than any message carries. The kernel closes
+/// any beyond what fits (and flags the truncation, which is an error).
+const RECV_FDS: usize = MAX_FDS as usize + 1;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
@@ -341,6 +342,8 @@ pub struct Conn {
     rbuf: Vec<u8>,
     fds: VecDeque<OwnedFd>,
     eof: bool,
+    /// The peer never sends descriptors (a producer's end): any it sends is an error.
+    refuse_fds: bool,
 }
 
 impl Conn {
@@ -350,7 +353,16 @@ impl Conn {
             rbuf: Vec::new(),
             fds: VecDeque::new(),
             eof: false,
+            refuse_fds: false,
         }
+    }
+
+    /// A connection whose peer must never send descriptors: the first one it sends is an
+    /// error (the descriptors stay owned by this Conn until it is dropped, so whoever drops
+    /// it decides on which thread they close).
+    pub fn refusing_fds(mut self) -> Self {
+        self.refuse_fds = true;
+        self
     }
 
     pub fn stream(&self) -> &UnixStream {
@@ -427,8 +439,16 @@ impl Conn {
             }
             Err(e) => return Err(Error::os("recvmsg", e)),
         };
+        if self.refuse_fds && !fds.is_empty() {
+            // Kept (owned) until this Conn is dropped: closing a descriptor can block, and
+            // the caller chooses where that happens.
+            self.fds.extend(fds);
+            return Err(Error::protocol(
+                "the peer sent file descriptors; clients never send any",
+            ));
+        }
         if truncated {
-            // What did arrive is owned by `fds` and closed with it.
+            self.fds.extend(fds);
             return Err(Error::protocol(
                 "the peer sent more descriptors than any message carries (control data truncated)",
             ));
@@ -674,6 +694,55 @@ mod tests {
             b.recv_timeout(Duration::from_secs(1), None),
             Err(Error::Disconnected)
         ));
+    }
+
+    /// Descriptors of /dev/null open in this process (other tests running at the same time
+    /// open other things).
+    fn open_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.as_os_str() == "/dev/null")
+            .count()
+    }
+
+    /// Descriptors beyond what one receive takes are cut off by the kernel; those that did
+    /// arrive are owned and closed with the connection, whatever the error.
+    #[test]
+    fn too_many_descriptors_leak_nothing() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let files: Vec<std::fs::File> = (0..20)
+            .map(|_| std::fs::File::open("/dev/null").unwrap())
+            .collect();
+        let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        let before = open_fds();
+        for _ in 0..10 {
+            sendmsg::<UnixAddr>(
+                a.as_raw_fd(),
+                &[IoSlice::new(b"GSHW")],
+                &[ControlMessage::ScmRights(&raw)],
+                MsgFlags::empty(),
+                None,
+            )
+            .unwrap();
+            let mut conn = Conn::new(b.try_clone().unwrap());
+            assert!(conn.fill().is_err(), "truncated control data is an error");
+            drop(conn);
+        }
+        assert_eq!(open_fds(), before, "no descriptor leaked");
+        // A refusing end errors on the first descriptor, and leaks none either.
+        sendmsg::<UnixAddr>(
+            a.as_raw_fd(),
+            &[IoSlice::new(b"GSHW")],
+            &[ControlMessage::ScmRights(&raw[..1])],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        let mut conn = Conn::new(b.try_clone().unwrap()).refusing_fds();
+        assert!(conn.fill().is_err());
+        drop(conn);
+        assert_eq!(open_fds(), before);
     }
 
     #[test]

@@ -582,7 +582,9 @@ impl BaseSinkImpl for GpuShmSink {
                     gst::info!(
                         CAT,
                         obj = obj,
-                        "client {id} connected: pid {pid}, uid {uid}, {name}"
+                        "client {id} connected: pid {pid}, uid {uid}, name {:?}",
+                        // A client's own words: quoted and cut short in the log.
+                        name.chars().take(64).collect::<String>()
                     );
                     obj.emit_by_name::<()>("client-connected", &[&(id as i32)]);
                     obj.notify("num-clients");
