@@ -696,12 +696,20 @@ fn the_socket_never_has_wider_permissions_than_perms() {
             std::thread::sleep(Duration::from_micros(200));
         };
         assert_eq!(mode, 0o600, "the socket appeared with mode {mode:o}");
-        let others: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n != &format!("umask{i}.sock"))
-            .collect();
-        assert!(others.is_empty(), "left behind: {others:?}");
+        // The private directory goes right after the move: give it a moment.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let others: Vec<String> = std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n != &format!("umask{i}.sock"))
+                .collect();
+            if others.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "left behind: {others:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

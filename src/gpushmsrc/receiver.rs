@@ -780,8 +780,37 @@ pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result
         // Each row of the plane must hold its visible bytes (a stride narrower than that makes
         // readers run past the plane), and the last row must end inside the payload.
         let rows = crate::pattern::plane_rows(info, p) as u64;
-        let row_bytes = crate::pattern::plane_row_bytes(info, p) as u64;
         let stride = m.plane_stride[p] as u64;
+        // Formats packed in groups of pixels (v210, UYVP, the 10-bit ...LE32/LE40 ones) have
+        // no per-pixel stride, and tiled formats keep tile counts in the stride: for those,
+        // nothing but GStreamer's own layout is accepted.
+        let packed = info.format_info().pixel_stride()[..]
+            .iter()
+            .take(info.format_info().n_components() as usize)
+            .any(|&ps| ps <= 0);
+        if packed || info.format_info().is_tiled() {
+            if stride != info.stride()[p] as u64 || m.plane_offset[p] != info.offset()[p] as u64 {
+                return Err(format!(
+                    "frame {} plane {p}: {} frames must have the standard layout (stride {}, offset {}), not stride {stride}, offset {}",
+                    frame.seq,
+                    info.format(),
+                    info.stride()[p],
+                    info.offset()[p],
+                    m.plane_offset[p]
+                ));
+            }
+            if (info.size() as u64) > m.payload_size {
+                return Err(format!(
+                    "frame {} is {} bytes, {} needs {}",
+                    frame.seq,
+                    m.payload_size,
+                    info.format(),
+                    info.size()
+                ));
+            }
+            continue;
+        }
+        let row_bytes = crate::pattern::plane_row_bytes(info, p) as u64;
         if stride < row_bytes {
             return Err(format!(
                 "frame {} plane {p}: stride {stride} is narrower than its {row_bytes} visible bytes a row",
