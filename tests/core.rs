@@ -154,3 +154,39 @@ fn producer_kill9_and_a_frozen_subscriber() {
     nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).unwrap();
     let _ = frozen.finish(Duration::from_secs(10));
 }
+
+/// A caps change: the publisher switches to another format and size mid-stream (a new ring);
+/// the subscriber follows, and every frame of both layouts is right.
+#[test]
+fn publisher_caps_change_reaches_the_subscriber() {
+    let dir = tmpdir();
+    let sock = dir.path().join("cam");
+    let mut c = example("synthetic_camera");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--wait",
+        "--frames",
+        "40",
+    ]);
+    c.args(["--format", "I420", "--width", "320", "--height", "240"]);
+    c.args(["--switch-at", "20"]);
+    let cam = Proc::spawn(c, "synthetic_camera");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let (st, out) = plane_sums(&sock, &["--lossless"]).finish(Duration::from_secs(30));
+    let _ = cam.finish(Duration::from_secs(30));
+    assert!(st.success(), "{}", out.join("\n"));
+    let frames: Vec<&String> = out.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(frames.len(), 40, "{}", out.join("\n"));
+    for (i, l) in frames.iter().enumerate() {
+        let expect = if i < 20 {
+            "format=I420 320x240"
+        } else {
+            "format=GRAY8 160x120"
+        };
+        assert!(
+            l.contains(expect) && l.ends_with("ok=true"),
+            "frame {i}: {l}"
+        );
+    }
+}

@@ -8,7 +8,8 @@
 //!
 //! Options: --socket PATH (required), --format GRAY8|I420|NV12|RGBA (I420), --width 640,
 //! --height 480, --fps 30, --frames N (300; 0 = until killed), --wait (wait for a consumer
-//! before the first frame). Prints `STATS frames=N clients=N` at the end.
+//! before the first frame), --switch-at N (from frame N on, GRAY8 at half the size: a caps
+//! change consumers follow). Prints `STATS frames=N clients=N` at the end.
 
 use std::time::Duration;
 
@@ -26,6 +27,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut socket = None;
     let (mut format, mut width, mut height, mut fps, mut frames, mut wait) =
         (VideoFormat::I420, 640, 480, 30u32, 300u64, false);
+    let mut switch_at = None;
     let mut args = std::env::args().skip(1);
     while let Some(k) = args.next() {
         let mut v = || args.next().ok_or(format!("{k} needs a value"));
@@ -40,11 +42,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--fps" => fps = v()?.parse()?,
             "--frames" => frames = v()?.parse()?,
             "--wait" => wait = true,
+            "--switch-at" => switch_at = Some(v()?.parse::<u64>()?),
             _ => return Err(format!("unknown option {k}").into()),
         }
     }
     let socket = socket.ok_or("--socket PATH is required")?;
-    let layout = FrameLayout::new(format, width, height).ok_or("bad frame size")?;
+    let mut layout = FrameLayout::new(format, width, height).ok_or("bad frame size")?;
     let camera = FramePublisher::new(
         socket.as_ref(),
         layout.clone(),
@@ -63,6 +66,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     while frames == 0 || n < frames {
         // Frame n is captured at start + n periods (CLOCK_MONOTONIC), like a camera's sensor
         // clock, and published once that time has come.
+        if switch_at == Some(n) {
+            layout = FrameLayout::new(VideoFormat::Gray8, width / 2, height / 2)
+                .ok_or("bad frame size")?;
+            camera.set_layout(layout.clone(), (fps, 1))?;
+        }
         let captured = start + n * period_ns;
         let now = gpushm::monotonic_ns();
         if captured > now {
