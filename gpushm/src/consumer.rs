@@ -10,8 +10,9 @@ use std::sync::Mutex;
 
 use memmap2::{Mmap, MmapMut};
 
+use super::frame::{Entry, FrameMeta, TimeCode};
+use super::layout::Base;
 use super::layout::*;
-use super::producer::{Base, Entry, FrameMeta, TimeCode};
 use super::{shm, Error, Result};
 
 /// The mapping, kept alive; `ptr` is its first byte.
@@ -340,16 +341,13 @@ impl ConsumerChannel {
     }
 
     fn header(&self) -> &ClientHeader {
-        // SAFETY: mapped, validated size, all atomics.
-        unsafe { &*(self.base.0.as_ptr() as *const ClientHeader) }
+        // SAFETY: the mapping holds a whole client block of `capacity` entries a queue.
+        unsafe { client_header(self.base) }
     }
 
     fn entry(&self, queue: usize, pos: u64) -> &QueueEntry {
-        let idx = (pos % self.capacity as u64) as usize;
-        let off = CLIENT_HEADER_SIZE
-            + (queue * self.capacity as usize + idx) * std::mem::size_of::<QueueEntry>();
-        // SAFETY: in bounds by construction.
-        unsafe { &*(self.base.0.as_ptr().add(off) as *const QueueEntry) }
+        // SAFETY: as above; capacity > 0 (checked when the block was made or opened).
+        unsafe { queue_entry(self.base, self.capacity, queue, pos) }
     }
 
     /// Takes the oldest frame handed to us, if any.

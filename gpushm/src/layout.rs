@@ -23,6 +23,7 @@
 //! validated. Offsets and indices are stored, never pointers.
 
 use std::mem::{offset_of, size_of};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
 /// "GPUSHMR1" little-endian.
@@ -231,6 +232,41 @@ pub fn zero_copy_limit(budget: usize) -> usize {
     } else {
         budget.saturating_sub(1)
     }
+}
+
+/// A mapping base that may be shared between threads: all access goes through atomics or
+/// through slot memory whose ownership the ring protocol hands around.
+#[derive(Clone, Copy)]
+pub(crate) struct Base(pub(crate) NonNull<u8>);
+// SAFETY: see the type's documentation.
+unsafe impl Send for Base {}
+unsafe impl Sync for Base {}
+
+/// The header of a client memfd mapped at `base`.
+///
+/// # Safety
+/// `base` maps at least a whole client block (see [`client_block_size`]).
+pub(crate) unsafe fn client_header<'a>(base: Base) -> &'a ClientHeader {
+    // SAFETY: per the contract; ClientHeader is all atomics, so a peer writing it
+    // concurrently is never undefined behaviour.
+    unsafe { &*(base.0.as_ptr() as *const ClientHeader) }
+}
+
+/// Entry `pos` of queue `queue` (0: deliveries, 1: releases) of a client memfd mapped at
+/// `base` with `capacity` entries per queue.
+///
+/// # Safety
+/// As [`client_header`], for a block of `capacity` entries per queue; `capacity > 0`.
+pub(crate) unsafe fn queue_entry<'a>(
+    base: Base,
+    capacity: u32,
+    queue: usize,
+    pos: u64,
+) -> &'a QueueEntry {
+    let idx = (pos % capacity as u64) as usize;
+    let off = CLIENT_HEADER_SIZE + (queue * capacity as usize + idx) * size_of::<QueueEntry>();
+    // SAFETY: in bounds of the block per the contract, 16-byte aligned, all atomics.
+    unsafe { &*(base.0.as_ptr().add(off) as *const QueueEntry) }
 }
 
 pub fn client_block_size(capacity: u32) -> u64 {

@@ -17,6 +17,7 @@
 pub mod client;
 pub mod consumer;
 pub mod format;
+pub mod frame;
 pub mod layout;
 pub mod producer;
 pub mod publisher;

@@ -16,62 +16,8 @@ use memmap2::MmapMut;
 use super::layout::*;
 use super::{shm, Error, Result};
 
-/// Everything the producer says about one frame; the consumer reads back the same struct.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FrameMeta {
-    pub payload_size: u64,
-    pub pts: u64,
-    pub dts: u64,
-    pub duration: u64,
-    pub offset: u64,
-    pub offset_end: u64,
-    pub pts_clock: u64,
-    pub dts_clock: u64,
-    pub publish_ns: u64,
-    pub buffer_flags: u32,
-    pub caps_gen: u32,
-    pub video_format: u32,
-    pub width: u32,
-    pub height: u32,
-    pub n_planes: u32,
-    pub plane_offset: [u64; MAX_PLANES],
-    pub plane_stride: [u32; MAX_PLANES],
-    /// The producer pipeline's latency in ns (`NONE_U64`: unknown).
-    pub latency: u64,
-    pub timecode: Option<TimeCode>,
-    /// The producer's pipeline is live.
-    pub live: bool,
-}
-
-/// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TimeCode {
-    pub fps_n: u32,
-    pub fps_d: u32,
-    /// GstVideoTimeCodeFlags bits.
-    pub flags: u32,
-    pub hours: u32,
-    pub minutes: u32,
-    pub seconds: u32,
-    pub frames: u32,
-    pub field_count: u32,
-}
-
-/// One frame in flight: frame `seq` sits in `slot` of ring `ring_gen`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Entry {
-    pub seq: u64,
-    pub ring_gen: u32,
-    pub slot: u32,
-}
-
-/// A mapping base that may be shared between threads: all access goes through atomics or
-/// through slot memory whose ownership the ring protocol hands around.
-#[derive(Clone, Copy)]
-pub(crate) struct Base(pub(crate) NonNull<u8>);
-// SAFETY: see the type's documentation.
-unsafe impl Send for Base {}
-unsafe impl Sync for Base {}
+pub use crate::frame::{Entry, FrameMeta, TimeCode};
+pub(crate) use crate::layout::Base;
 
 /// The producer's ring: one sealed memfd, mapped once, read-write.
 pub struct ProducerRing {
@@ -294,6 +240,11 @@ pub struct ClientChannel {
 
 impl ClientChannel {
     pub fn create(capacity: u32) -> Result<Self> {
+        if capacity == 0 || capacity > 4 * CLIENT_QUEUE_CAPACITY {
+            return Err(Error::Invalid(format!(
+                "queue capacity {capacity} is out of range"
+            )));
+        }
         let size = client_block_size(capacity);
         let fd = shm::create_sealed_memfd("gpushm-client", size)?;
         let mut map = shm::map_rw(&fd, size)?;
@@ -328,16 +279,13 @@ impl ClientChannel {
     }
 
     fn header(&self) -> &ClientHeader {
-        // SAFETY: the mapping holds the header, all atomics.
-        unsafe { &*(self.base.0.as_ptr() as *const ClientHeader) }
+        // SAFETY: the mapping holds a whole client block of `capacity` entries a queue.
+        unsafe { client_header(self.base) }
     }
 
     fn entry(&self, queue: usize, pos: u64) -> &QueueEntry {
-        let idx = (pos % self.capacity as u64) as usize;
-        let off = CLIENT_HEADER_SIZE
-            + (queue * self.capacity as usize + idx) * std::mem::size_of::<QueueEntry>();
-        // SAFETY: in bounds by construction, 16-byte aligned, all atomics.
-        unsafe { &*(self.base.0.as_ptr().add(off) as *const QueueEntry) }
+        // SAFETY: as above; capacity > 0 (checked when the block was made or opened).
+        unsafe { queue_entry(self.base, self.capacity, queue, pos) }
     }
 
     /// Reads the client's read position and moves what it took from `pending` to `held`.

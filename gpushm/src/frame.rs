@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: MPL-2.0
+//! What both ends of the ring say about frames: the metadata of one frame, its time code, and
+//! the (frame, ring, slot) triple that travels through the client queues.
+
+use crate::layout::MAX_PLANES;
+
+/// Everything the producer says about one frame; the consumer reads back the same struct.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FrameMeta {
+    pub payload_size: u64,
+    pub pts: u64,
+    pub dts: u64,
+    pub duration: u64,
+    pub offset: u64,
+    pub offset_end: u64,
+    pub pts_clock: u64,
+    pub dts_clock: u64,
+    pub publish_ns: u64,
+    pub buffer_flags: u32,
+    pub caps_gen: u32,
+    pub video_format: u32,
+    pub width: u32,
+    pub height: u32,
+    pub n_planes: u32,
+    pub plane_offset: [u64; MAX_PLANES],
+    pub plane_stride: [u32; MAX_PLANES],
+    /// The producer pipeline's latency in ns (`NONE_U64`: unknown).
+    pub latency: u64,
+    pub timecode: Option<TimeCode>,
+    /// The producer's pipeline is live.
+    pub live: bool,
+}
+
+/// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TimeCode {
+    pub fps_n: u32,
+    pub fps_d: u32,
+    /// GstVideoTimeCodeFlags bits.
+    pub flags: u32,
+    pub hours: u32,
+    pub minutes: u32,
+    pub seconds: u32,
+    pub frames: u32,
+    pub field_count: u32,
+}
+
+/// One frame in flight: frame `seq` sits in `slot` of ring `ring_gen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    pub seq: u64,
+    pub ring_gen: u32,
+    pub slot: u32,
+}
