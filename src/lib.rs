@@ -21,6 +21,7 @@ pub(crate) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;
+pub mod geometry;
 mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;

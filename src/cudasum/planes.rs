@@ -49,22 +49,10 @@ pub fn planes(
             .first()
             .ok_or_else(|| format!("plane {p} has no component"))?;
         let channels = finfo.pixel_stride()[first as usize] as usize;
-        let rows = comps
-            .iter()
-            .map(|&c| info.comp_height(c))
-            .max()
-            .unwrap_or(0) as usize;
-        let row_bytes = match info.format() {
-            // Packed 4:2:2: one 4-byte group per 2 pixels.
-            gst_video::VideoFormat::Yuy2 | gst_video::VideoFormat::Uyvy => {
-                info.width() as usize * 2
-            }
-            _ => comps
-                .iter()
-                .map(|&c| info.comp_width(c) as usize * channels)
-                .max()
-                .unwrap_or(0),
-        };
+        let rows = crate::geometry::plane_rows(info, p);
+        // Packed 4:2:2 (one 4-byte group per 2 pixels) comes out right too: a chroma sample
+        // spans 4 bytes at half the width.
+        let row_bytes = crate::geometry::plane_row_bytes(info, p);
         let stride = *strides.get(p).ok_or("missing stride")?;
         if stride <= 0 || (stride as usize) < row_bytes {
             return Err(format!(

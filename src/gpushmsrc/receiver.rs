@@ -779,7 +779,7 @@ pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result
     for p in 0..info.n_planes() as usize {
         // Each row of the plane must hold its visible bytes (a stride narrower than that makes
         // readers run past the plane), and the last row must end inside the payload.
-        let rows = crate::pattern::plane_rows(info, p) as u64;
+        let rows = crate::geometry::plane_rows(info, p) as u64;
         let stride = m.plane_stride[p] as u64;
         // Formats packed in groups of pixels (v210, UYVP, the 10-bit ...LE32/LE40 ones) have
         // no per-pixel stride, and tiled formats keep tile counts in the stride: for those,
@@ -810,7 +810,7 @@ pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result
             }
             continue;
         }
-        let row_bytes = crate::pattern::plane_row_bytes(info, p) as u64;
+        let row_bytes = crate::geometry::plane_row_bytes(info, p) as u64;
         if stride < row_bytes {
             return Err(format!(
                 "frame {} plane {p}: stride {stride} is narrower than its {row_bytes} visible bytes a row",
