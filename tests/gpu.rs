@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
-//! cudasum and the CUDA path. Tests marked "GPU" skip, saying why, when no CUDA driver is
-//! present; they run for real on the GPU machine (see README, "GPU"). The others check the
-//! CPU backend and the behaviour without a GPU, and run everywhere.
+//! cudasum and the CUDA path. The GPU tests are `#[ignore = "needs a CUDA GPU"]`: run them with
+//! `--include-ignored` on the GPU machine (see README, "GPU"). The others check the CPU backend
+//! and the behaviour without a GPU (in a child process with the GPUs hidden), and run
+//! everywhere.
 
 mod common;
 use common::*;
@@ -10,16 +11,36 @@ use gst::prelude::*;
 use gstgpushm::sum_planes as sp;
 use std::time::Duration;
 
-/// Ok on a machine with a CUDA GPU; otherwise prints why the test is skipped.
-fn gpu(test: &str) -> bool {
+/// These tests are `#[ignore = "needs a CUDA GPU"]`; run with `--include-ignored` on a machine
+/// with one. Without a GPU they fail, saying why, instead of passing vacuously.
+fn gpu(test: &str) {
     init();
-    match gstgpushm::cuda::driver() {
-        Ok(_) => true,
-        Err(e) => {
-            println!("skipping {test}: {e}");
-            false
-        }
+    if let Err(e) = gstgpushm::cuda::driver() {
+        panic!("{test} needs a CUDA GPU: {e}");
     }
+}
+
+/// Runs the calling test again in a child process with every GPU hidden
+/// (CUDA_VISIBLE_DEVICES=), so that the behaviour without a GPU is tested on GPU machines too.
+/// Returns true in the child, where the test body runs.
+fn without_gpu(test: &str) -> bool {
+    if std::env::var_os("GPUSHM_TEST_NO_GPU").is_some() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--include-ignored"])
+        .env("GPUSHM_TEST_NO_GPU", "1")
+        .env("CUDA_VISIBLE_DEVICES", "")
+        .output()
+        .expect("re-running the test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{test} without a GPU:\n{text}");
+    assert!(text.contains("1 passed"), "{test} did not run:\n{text}");
+    false
 }
 
 /// Runs `launch` to EOS; returns every cudasum message and, if it has an `appsink name=out`
@@ -149,11 +170,14 @@ fn cpu_backend_matches_the_reference_for_every_format() {
 
 #[test]
 fn without_a_gpu_backend_cuda_is_a_clear_error_at_ready() {
-    init();
-    if let Ok(n) = gstgpushm::cuda::driver() {
-        println!("skipping: this machine has {n} GPU(s); the test is for machines without one");
+    if !without_gpu("without_a_gpu_backend_cuda_is_a_clear_error_at_ready") {
         return;
     }
+    init();
+    assert!(
+        gstgpushm::cuda::driver().is_err(),
+        "CUDA_VISIBLE_DEVICES= hides every GPU"
+    );
     let e = gst::ElementFactory::make("cudasum")
         .property_from_str("backend", "cuda")
         .build()
@@ -169,7 +193,7 @@ fn without_a_gpu_backend_cuda_is_a_clear_error_at_ready() {
     };
     let text = err.error().to_string();
     assert!(
-        text.contains("backend=cuda cannot run") && text.contains("libcuda"),
+        text.contains("backend=cuda cannot run") && text.contains("backend=cpu"),
         "{text}"
     );
     e.set_state(gst::State::Null).unwrap();
@@ -177,11 +201,14 @@ fn without_a_gpu_backend_cuda_is_a_clear_error_at_ready() {
 
 #[test]
 fn without_a_gpu_backend_auto_warns_and_uses_the_cpu() {
-    init();
-    if let Ok(n) = gstgpushm::cuda::driver() {
-        println!("skipping: this machine has {n} GPU(s); the test is for machines without one");
+    if !without_gpu("without_a_gpu_backend_auto_warns_and_uses_the_cpu") {
         return;
     }
+    init();
+    assert!(
+        gstgpushm::cuda::driver().is_err(),
+        "CUDA_VISIBLE_DEVICES= hides every GPU"
+    );
     let p = gst::parse::launch("videotestsrc num-buffers=2 ! video/x-raw,format=NV12,width=64,height=48 ! cudasum ! fakesink")
         .unwrap()
         .downcast::<gst::Pipeline>()
@@ -208,10 +235,9 @@ fn without_a_gpu_backend_auto_warns_and_uses_the_cpu() {
 // ---- GPU ----
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_seed_frame_sums_to_136_across_processes() {
-    if !gpu("gpu_seed_frame_sums_to_136_across_processes") {
-        return;
-    }
+    gpu("gpu_seed_frame_sums_to_136_across_processes");
     let dir = tmpdir();
     let sock = dir.path().join("seed.sock");
     let producer = seed_producer(&sock, 5);
@@ -248,10 +274,9 @@ fn gpu_seed_frame_sums_to_136_across_processes() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_4k_nv12_300_frames_read_in_place_match_the_cpu() {
-    if !gpu("gpu_4k_nv12_300_frames_read_in_place_match_the_cpu") {
-        return;
-    }
+    gpu("gpu_4k_nv12_300_frames_read_in_place_match_the_cpu");
     let dir = tmpdir();
     let sock = dir.path().join("4k.sock");
     let mut p = example("pattern_producer");
@@ -309,10 +334,9 @@ fn gpu_4k_nv12_300_frames_read_in_place_match_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_system_memory_is_staged_and_matches_the_cpu() {
-    if !gpu("gpu_system_memory_is_staged_and_matches_the_cpu") {
-        return;
-    }
+    gpu("gpu_system_memory_is_staged_and_matches_the_cpu");
     let before = gstgpushm::cuda::register::registrations();
     for format in sp::FORMATS.iter().map(|f| f.to_str()) {
         let (bufs, msgs) = run(&format!(
@@ -331,10 +355,9 @@ fn gpu_system_memory_is_staged_and_matches_the_cpu() {
 /// Upstream of gpushmsink, buffers come from the ring's pool with a GpuShmCudaMeta: cudasum
 /// reads them in place. The same deterministic frames summed on the CPU give the same sums.
 #[test]
+#[ignore = "needs a CUDA GPU"]
 fn gpu_producer_pool_buffers_are_read_in_place() {
-    if !gpu("gpu_producer_pool_buffers_are_read_in_place") {
-        return;
-    }
+    gpu("gpu_producer_pool_buffers_are_read_in_place");
     let dir = tmpdir();
     let frames =
         "videotestsrc num-buffers=20 pattern=ball ! video/x-raw,format=NV12,width=1280,height=720";
