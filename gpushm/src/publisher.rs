@@ -156,7 +156,8 @@ struct Inner<P> {
     /// Clients removed by other threads, whose descriptors the connection thread may still
     /// be polling: only that thread drops them, between two polls.
     closing: Vec<Client>,
-    /// Since when every slot of the current ring is referenced by clients.
+    /// Since when every slot of the current ring is referenced by clients and no client gave a
+    /// frame back.
     starved_since: Option<Instant>,
 }
 
@@ -197,8 +198,9 @@ pub struct Publisher<P: Send + 'static> {
 
 /// Connections still in their handshake, at most; more are refused at once.
 pub const MAX_PENDING: usize = 16;
-/// How long every slot of the ring may be held by clients before the client holding most is
-/// disconnected (it takes frames and never gives them back, or it is frozen with many).
+/// How long every slot of the ring may be held by clients, with none of them giving a frame
+/// back, before the client holding most is disconnected (it takes frames and never gives them
+/// back, or it is frozen with many). Slow clients that still release frames are never cut.
 pub const STARVATION_TIMEOUT: Duration = Duration::from_millis(500);
 
 fn lock<P>(m: &Mutex<Inner<P>>) -> MutexGuard<'_, Inner<P>> {
@@ -933,6 +935,10 @@ impl<P: Send + 'static> Publisher<P> {
                     shm::drain(&c.release);
                     match c.ch.take_releases() {
                         Ok(list) => {
+                            // Slots move: whoever holds them now is slow, not hoarding.
+                            if !list.is_empty() {
+                                inner.starved_since = None;
+                            }
                             for e in list {
                                 Self::unref_slot(&mut inner, e, &mut back);
                             }
