@@ -47,9 +47,19 @@ fn verified_run(
     producer_extra: &[&str],
     consumer_extra: &[&str],
 ) -> (std::collections::HashMap<String, String>, Vec<String>) {
+    verified_run_at(30, frames, producer_extra, consumer_extra)
+}
+
+/// The same at `fps` (0: a producer that is not live, flat out).
+fn verified_run_at(
+    fps: u32,
+    frames: u32,
+    producer_extra: &[&str],
+    consumer_extra: &[&str],
+) -> (std::collections::HashMap<String, String>, Vec<String>) {
     let dir = tmpdir();
     let sock = dir.path().join("p.sock");
-    let producer = pattern_producer(&sock, 30, frames, producer_extra);
+    let producer = pattern_producer(&sock, fps, frames, producer_extra);
     let mut args = vec!["--verify"];
     args.extend_from_slice(consumer_extra);
     let consumer = checker(&sock, &args);
@@ -433,25 +443,14 @@ fn realtime_clock_producer_plays_at_its_rate_with_its_spacing() {
 #[test]
 fn slow_lossless_consumer_of_a_non_live_producer_waits_instead_of_copying() {
     let _serial = serial();
-    let dir = tmpdir();
-    let sock = dir.path().join("slow.sock");
-    let producer = pattern_producer(&sock, 0, 150, &[]);
-    let consumer = checker(
-        &sock,
-        &[
-            "--verify",
-            "--lossless",
-            "--chain",
-            "identity sleep-time=3000",
-        ],
+    let (s, out) = verified_run_at(
+        0,
+        150,
+        &[],
+        &["--lossless", "--chain", "identity sleep-time=3000"],
     );
-    let (cs, cout) = consumer.finish(Duration::from_secs(60));
-    let (ps, pout) = producer.finish(Duration::from_secs(30));
-    assert!(ps.success(), "{}", pout.join("\n"));
-    assert!(cs.success(), "{}", cout.join("\n"));
-    let s = fields(&cout, "SUMMARY ");
     assert_eq!(num(&s, "frames"), 150.0);
-    assert_eq!(num(&s, "copied"), 0.0, "{}", cout.join("\n"));
+    assert_eq!(num(&s, "copied"), 0.0, "{}", out.join("\n"));
 }
 
 /// The same producer, with a downstream that keeps frames until it gets more (a queue with a
@@ -460,24 +459,13 @@ fn slow_lossless_consumer_of_a_non_live_producer_waits_instead_of_copying() {
 #[test]
 fn lossless_consumer_of_a_non_live_producer_copies_what_downstream_keeps() {
     let _serial = serial();
-    let dir = tmpdir();
-    let sock = dir.path().join("keep.sock");
-    let producer = pattern_producer(&sock, 0, 150, &[]);
-    let consumer = checker(
-        &sock,
-        &[
-            "--verify",
-            "--lossless",
-            "--chain",
-            "queue min-threshold-buffers=20",
-        ],
+    let (s, out) = verified_run_at(
+        0,
+        150,
+        &[],
+        &["--lossless", "--chain", "queue min-threshold-buffers=20"],
     );
-    let (cs, cout) = consumer.finish(Duration::from_secs(60));
-    let (ps, pout) = producer.finish(Duration::from_secs(30));
-    assert!(ps.success(), "{}", pout.join("\n"));
-    assert!(cs.success(), "{}", cout.join("\n"));
-    let s = fields(&cout, "SUMMARY ");
     assert_eq!(num(&s, "frames"), 150.0);
     assert_eq!(num(&s, "bad"), 0.0);
-    assert!(num(&s, "copied") > 0.0, "{}", cout.join("\n"));
+    assert!(num(&s, "copied") > 0.0, "{}", out.join("\n"));
 }
