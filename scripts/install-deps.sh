@@ -16,7 +16,10 @@ pkg-config --exists gstreamer-video-1.0 gstreamer-app-1.0 2>/dev/null || pkgs+=(
 command -v gst-launch-1.0 >/dev/null 2>&1 || pkgs+=(gstreamer1.0-tools)
 gst-inspect-1.0 videotestsrc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-base)
 gst-inspect-1.0 shmsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
-gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
+gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 && gst-inspect-1.0 mp4mux >/dev/null 2>&1 &&
+  gst-inspect-1.0 matroskamux >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
+# The recording tests encode with x264enc (plugins-ugly) and parse with h264parse (plugins-bad).
+gst-inspect-1.0 x264enc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-ugly)
 pkg-config --exists fontconfig freetype2 2>/dev/null || pkgs+=(libfontconfig-dev libfreetype-dev fonts-dejavu-core)
 command -v meson >/dev/null 2>&1 || pkgs+=(meson)
 command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)
