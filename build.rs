@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Plugin version info, and kernels/*.cu compiled to PTX when a CUDA toolkit is found. Without
+//! Plugin version info, and kernels/sum.cu built into a fatbin (scripts/build-kernels.sh) when a
+//! CUDA toolkit is found. Without
 //! nvcc the build still succeeds: the source is embedded and compiled with NVRTC at run time.
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,8 +19,9 @@ fn find_nvcc() -> Option<PathBuf> {
 
 fn main() {
     gst_plugin_version_helper::info();
-    println!("cargo::rustc-check-cfg=cfg(gpushm_prebuilt_ptx)");
+    println!("cargo::rustc-check-cfg=cfg(gpushm_prebuilt_fatbin)");
     println!("cargo::rerun-if-changed=kernels/sum.cu");
+    println!("cargo::rerun-if-changed=scripts/build-kernels.sh");
     println!("cargo::rerun-if-env-changed=CUDA_PATH");
     println!("cargo::rerun-if-env-changed=GPUSHM_NO_NVCC");
     if std::env::var_os("GPUSHM_NO_NVCC").is_some() {
@@ -29,26 +31,25 @@ fn main() {
         println!("cargo::warning=nvcc not found: kernels will be compiled with NVRTC at run time");
         return;
     };
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("sum.ptx");
-    // compute_72 PTX JITs on Jetson Xavier, Orin and every newer GPU; CUDA 13 dropped it, so
-    // fall back to compute_75 there.
-    for arch in ["compute_72", "compute_75"] {
-        let ok = Command::new(&nvcc)
-            .args([
-                "-ptx",
-                "-O3",
-                &format!("-arch={arch}"),
-                "kernels/sum.cu",
-                "-o",
-            ])
-            .arg(&out)
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if ok {
-            println!("cargo::rustc-cfg=gpushm_prebuilt_ptx");
-            return;
+    // One script builds the fatbin, here and by hand (see its header).
+    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR")).join("sum.fatbin");
+    let result = Command::new("sh")
+        .arg("scripts/build-kernels.sh")
+        .arg(&nvcc)
+        .arg(&out)
+        .output();
+    match result {
+        Ok(o) if o.status.success() => {
+            let archs = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            println!("cargo::rustc-env=GPUSHM_FATBIN_ARCHS={archs}");
+            println!("cargo::rustc-cfg=gpushm_prebuilt_fatbin");
         }
+        Ok(o) => println!(
+            "cargo::warning=nvcc could not build kernels/sum.cu ({}): kernels will be compiled with NVRTC at run time",
+            String::from_utf8_lossy(&o.stderr).lines().last().unwrap_or("")
+        ),
+        Err(e) => println!(
+            "cargo::warning=cannot run scripts/build-kernels.sh ({e}): kernels will be compiled with NVRTC at run time"
+        ),
     }
-    println!("cargo::warning=nvcc could not compile kernels/sum.cu: kernels will be compiled with NVRTC at run time");
 }

@@ -2,7 +2,8 @@
 //! `GpuShmCudaMeta`: tells CUDA elements where a buffer's bytes are in GPU address space.
 //!
 //! Buffers from gpushmsrc (and from gpushmsink's pool) sit in a ring that this process
-//! registered with CUDA once. When a CUDA device was found, each such buffer carries a
+//! registered with CUDA once. When an element asked for it (see below) and a CUDA device was
+//! found, each such buffer carries a
 //! GstCustomMeta named `GpuShmCudaMeta` (GStreamer ≥ 1.20) whose structure holds:
 //!
 //! | field | type | meaning |
@@ -18,8 +19,73 @@
 //!
 //! From C: `gst_buffer_get_custom_meta (buf, "GpuShmCudaMeta")` then
 //! `gst_custom_meta_get_structure()`.
+//!
+//! ## Asking for it
+//! Registering memory with CUDA creates a CUDA context (≈100 MiB of host memory on a desktop
+//! GPU, more start-up time), so with `cuda-register=auto` (the default) the elements register
+//! only for elements that ask:
+//! - **Downstream of gpushmsrc**: list the meta's API in your answer to the ALLOCATION query
+//!   (`propose_allocation`), as cudasum does. From C:
+//!   `gst_query_add_allocation_meta (query, gst_meta_get_info ("GpuShmCudaMeta")->api, NULL);`
+//! - **Upstream of gpushmsink**: gpushmsink lists the same API in its ALLOCATION answer and
+//!   offers its pool; set the option `GstBufferPoolOptionGpuShmCudaMeta` in the pool's config
+//!   (`gst_buffer_pool_config_add_option`) and its buffers carry the meta.
+//!
+//! `cuda-register=always` registers every ring whoever asks, `never` never does.
+//!
+//! ## Coherency
+//! On Jetson (Xavier, Orin) the GPU snoops the CPU's caches but the CPU does not snoop the
+//! GPU's. So a CUDA element that writes a frame into gpushmsink's pool must synchronize (its
+//! stream, or the context) before it pushes the buffer, and an element that reads frames from
+//! gpushmsrc with kernels must wait for them to finish before it lets the buffer go: once the
+//! buffer is dropped, the producer may render the next frame into the same memory. cudasum
+//! does both (it waits for its kernels before returning the buffer).
+
+use gst::glib;
 
 pub const CUDA_META_NAME: &str = "GpuShmCudaMeta";
+
+/// The buffer pool option an upstream element sets on gpushmsink's pool to get device
+/// pointers on its buffers.
+pub const POOL_OPTION_CUDA_META: &str = "GstBufferPoolOptionGpuShmCudaMeta";
+
+/// When the gpushm elements register their rings with CUDA.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstGpuShmCudaRegister")]
+pub enum CudaRegister {
+    #[enum_value(
+        name = "Only when another element asks for GpuShmCudaMeta (ALLOCATION query or pool option)",
+        nick = "auto"
+    )]
+    Auto = 0,
+    #[enum_value(name = "Always, when a GPU is found", nick = "always")]
+    Always = 1,
+    #[enum_value(name = "Never (no CUDA context in this process)", nick = "never")]
+    Never = 2,
+}
+
+/// The meta's API type, for ALLOCATION queries:
+/// `query.add_allocation_meta::<CudaMetaApi>(None)`, `query.find_allocation_meta::<CudaMetaApi>()`.
+pub struct CudaMetaApi;
+
+// SAFETY: meta_api() returns the API type GStreamer registered for the custom meta.
+unsafe impl gst::meta::MetaAPI for CudaMetaApi {
+    type GstType = gst::ffi::GstCustomMeta;
+
+    fn meta_api() -> glib::Type {
+        use glib::translate::from_glib;
+        register();
+        // SAFETY: registered above; GstMetaInfo lives for the whole process.
+        unsafe {
+            let info = gst::ffi::gst_meta_get_info(c"GpuShmCudaMeta".as_ptr());
+            if info.is_null() {
+                return glib::Type::INVALID;
+            }
+            from_glib((*info).api)
+        }
+    }
+}
 
 /// Registers the meta type (once per process; needs gst::init).
 pub fn register() {

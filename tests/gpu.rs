@@ -383,3 +383,163 @@ fn gpu_producer_pool_buffers_are_read_in_place() {
         assert_eq!(array(g, "component-sums"), array(c, "component-sums"));
     }
 }
+
+/// Peak RSS (KiB) of a producer and a consumer process, and whether each loaded libcuda.
+struct PairRun {
+    producer_kib: u64,
+    consumer_kib: u64,
+    producer_cuda: bool,
+    consumer_cuda: bool,
+}
+
+fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let l = s.lines().find(|l| l.starts_with(key))?;
+    l.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn maps_cuda(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|m| m.contains("libcuda"))
+}
+
+/// `videotestsrc ! gpushmsink` and `gpushmsrc ! fakesink` (720p NV12, 30 fps, 3 s), sampled
+/// until they exit.
+fn pair_run(env: &[(&str, &str)], sink_props: &str, src_props: &str) -> PairRun {
+    let dir = tmpdir();
+    let sock = dir.path().join("rss.sock");
+    let mut p = gst_launch(&format!(
+        "videotestsrc is-live=true num-buffers=120 ! video/x-raw,format=NV12,width=1280,height=720,framerate=30/1 ! gpushmsink socket-path={} {sink_props}",
+        sock.display()
+    ));
+    let mut c = gst_launch(&format!(
+        "gpushmsrc socket-path={} num-buffers=90 {src_props} ! fakesink",
+        sock.display()
+    ));
+    for (k, v) in env {
+        p.env(k, v);
+        c.env(k, v);
+    }
+    let mut producer = Proc::spawn(p, "producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut consumer = Proc::spawn(c, "consumer");
+    let (pp, cp) = (producer.child.id(), consumer.child.id());
+    let mut r = PairRun {
+        producer_kib: 0,
+        consumer_kib: 0,
+        producer_cuda: false,
+        consumer_cuda: false,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while (producer.is_running() || consumer.is_running()) && std::time::Instant::now() < deadline {
+        if let Some(k) = status_kib(pp, "VmHWM:") {
+            r.producer_kib = r.producer_kib.max(k);
+            r.producer_cuda |= maps_cuda(pp);
+        }
+        if let Some(k) = status_kib(cp, "VmHWM:") {
+            r.consumer_kib = r.consumer_kib.max(k);
+            r.consumer_cuda |= maps_cuda(cp);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (cs, cout) = consumer.finish(Duration::from_secs(10));
+    let (ps, pout) = producer.finish(Duration::from_secs(10));
+    assert!(
+        cs.success() && ps.success(),
+        "{}\n{}",
+        cout.join("\n"),
+        pout.join("\n")
+    );
+    r
+}
+
+/// Only a process that asks for GPU access creates a CUDA context: a producer and a consumer
+/// that do not use the GPU load no libcuda and stay within 10 MiB of their RSS with the GPU
+/// hidden; cuda-register=always shows what a context costs.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_processes_that_do_not_ask_create_no_cuda_context() {
+    gpu("gpu_processes_that_do_not_ask_create_no_cuda_context");
+    let hidden = pair_run(&[("CUDA_VISIBLE_DEVICES", "")], "", "");
+    let auto = pair_run(&[], "", "");
+    let always = pair_run(&[], "cuda-register=always", "cuda-register=always");
+    for (what, r) in [
+        ("GPU hidden", &hidden),
+        ("cuda-register=auto (default)", &auto),
+        ("cuda-register=always", &always),
+    ] {
+        println!(
+            "RSS {what}: producer {:.1} MiB (libcuda loaded: {}), consumer {:.1} MiB (libcuda loaded: {})",
+            r.producer_kib as f64 / 1024.0,
+            r.producer_cuda,
+            r.consumer_kib as f64 / 1024.0,
+            r.consumer_cuda
+        );
+    }
+    assert!(
+        !auto.producer_cuda && !auto.consumer_cuda,
+        "nothing asked for CUDA"
+    );
+    assert!(
+        always.producer_cuda && always.consumer_cuda,
+        "cuda-register=always registers"
+    );
+    assert!(auto.producer_kib <= hidden.producer_kib + 10 * 1024);
+    assert!(auto.consumer_kib <= hidden.consumer_kib + 10 * 1024);
+}
+
+/// A GPU that cannot register read-only memory (forced with the test-only switch) gets a
+/// writable ring from a producer that allows it, and still reads every frame in place with one
+/// registration: asked for at start (cuda-register=always), or when cudasum asks (auto: the
+/// consumer reconnects for a writable ring).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_writable_ring_fallback_reads_in_place() {
+    gpu("gpu_writable_ring_fallback_reads_in_place");
+    for mode in ["always", "auto"] {
+        let dir = tmpdir();
+        let sock = dir.path().join("w.sock");
+        let p = gst_launch(&format!(
+            "videotestsrc is-live=true num-buffers=150 pattern=ball ! video/x-raw,format=NV12,width=1280,height=720,framerate=30/1 ! gpushmsink socket-path={} allow-writable-ring=true",
+            sock.display()
+        ));
+        let producer = Proc::spawn(p, "producer");
+        wait_for_path(&sock, Duration::from_secs(10));
+        let mut c = example("frame_checker");
+        c.env(gstgpushm::cuda::TEST_NO_READ_ONLY_REGISTER, "1");
+        c.args(["--socket", sock.to_str().unwrap(), "--frames", "60"]);
+        c.args([
+            "--cudasum",
+            "cuda",
+            "--src-props",
+            &format!("cuda-register={mode}"),
+        ]);
+        let (cs, out) = Proc::spawn(c, "frame_checker").finish(Duration::from_secs(60));
+        let _ = producer.finish(Duration::from_secs(10));
+        assert!(cs.success(), "{mode}: {}", out.join("\n"));
+        let st = fields(&out, "CUDASTATS ");
+        println!(
+            "{mode}: {}",
+            out.iter()
+                .filter(|l| l.starts_with("CUDASTATS"))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert_eq!(num(&st, "mismatches"), 0.0, "{mode}");
+        assert_eq!(
+            num(&st, "host_registrations"),
+            1.0,
+            "{mode}: one registration, of the writable ring"
+        );
+        if mode == "always" {
+            assert_eq!(
+                num(&st, "zero_copy"),
+                num(&st, "checked"),
+                "always: every frame in place"
+            );
+        } else {
+            // Frames before the reconnect are staged; every one after it is read in place.
+            assert!(num(&st, "zero_copy") >= 30.0, "auto: {}", out.join("\n"));
+        }
+    }
+}

@@ -115,7 +115,7 @@ pub struct ConnectOptions {
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
 /// caller must not let it be dropped during a wait.
 #[derive(Clone, Copy)]
-pub struct WaitFds {
+pub(crate) struct WaitFds {
     ready: RawFd,
     socket: RawFd,
 }
@@ -172,7 +172,7 @@ pub enum Wait {
     TimedOut,
 }
 
-pub struct Connection {
+pub(crate) struct Connection {
     conn: Conn,
     client_id: u32,
     ready: EventFd,
@@ -393,11 +393,6 @@ impl Connection {
         self.eos
     }
 
-    /// The current ring, for registering it with a GPU.
-    pub fn current_ring(&self) -> Option<Arc<ConsumerRing>> {
-        self.rings.back().cloned()
-    }
-
     pub fn socket_fd(&self) -> RawFd {
         self.conn.raw_fd()
     }
@@ -527,24 +522,14 @@ impl Connection {
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
         let w = WaitFds::of(self);
-        let (r, socket) = w.wait(wake, timeout)?;
-        self.woke(r, socket);
-        Ok(r)
-    }
-
-    /// What to poll on, for waiting without holding whatever lock guards this connection.
-    pub fn wait_fds(&self) -> WaitFds {
-        WaitFds::of(self)
-    }
-
-    /// Takes note of what a wait on `wait_fds()` returned.
-    pub fn woke(&mut self, r: Wait, socket_readable: bool) {
+        let (r, socket_readable) = w.wait(wake, timeout)?;
         if socket_readable {
             self.socket_ready = true;
         }
         if matches!(r, Wait::Ready) {
             shm::drain(&self.ready);
         }
+        Ok(r)
     }
 
     pub fn ready_fd(&self) -> RawFd {
@@ -658,6 +643,12 @@ impl Default for ConnectOptions {
 pub struct Waker(Arc<EventFd>);
 
 impl Waker {
+    /// A waker of its own, to interrupt [`Subscriber::connect_with_waker`] while it waits for a
+    /// producer, and then the subscriber's waits.
+    pub fn new() -> Result<Self> {
+        Ok(Self(Arc::new(shm::new_eventfd()?)))
+    }
+
     pub fn wake(&self) {
         shm::notify(&self.0);
     }
@@ -666,9 +657,67 @@ impl Waker {
 impl Subscriber {
     /// Connects to the producer at `path`, waiting up to `opts.timeout` for one to appear.
     pub fn connect(path: &Path, opts: ConnectOptions) -> Result<Self> {
-        let wake = Arc::new(shm::new_eventfd()?);
-        let conn = Connection::connect(path, &opts, Some(wake.as_fd()))?;
-        Ok(Self { conn, wake })
+        Self::connect_with_waker(path, &opts, &Waker::new()?)
+    }
+
+    /// Connects like [`Self::connect`]; `waker` interrupts the wait for a producer
+    /// (`Err(Error::Interrupted)`) and, once connected, [`Self::next_frame`].
+    pub fn connect_with_waker(path: &Path, opts: &ConnectOptions, waker: &Waker) -> Result<Self> {
+        let conn = Connection::connect(path, opts, Some(waker.0.as_fd()))?;
+        Ok(Self {
+            conn,
+            wake: waker.0.clone(),
+        })
+    }
+
+    /// The next frame if one is ready, without waiting: `Ok(None)` when none is (see
+    /// [`Self::is_eos`]).
+    pub fn try_next_frame(&mut self) -> Result<Option<Frame>> {
+        self.conn.try_next()
+    }
+
+    /// The producer sent EOS: no frame follows the ones already delivered.
+    pub fn is_eos(&self) -> bool {
+        self.conn.is_eos()
+    }
+
+    /// Our id in the producer's logs and statistics.
+    pub fn client_id(&self) -> u32 {
+        self.conn.client_id()
+    }
+
+    /// Frames the producer lets us reference at once (0: it did not say).
+    pub fn budget(&self) -> u32 {
+        self.conn.budget()
+    }
+
+    /// Frames of this subscriber alive now, wherever they are.
+    pub fn held(&self) -> usize {
+        self.conn.leases()
+    }
+
+    /// Frames to keep zero-copy at most (our budget less room for frames on their way).
+    pub fn zero_copy_limit(&self) -> usize {
+        self.conn.zero_copy_limit()
+    }
+
+    /// Whether the frame just taken should be copied out of the ring and dropped at once
+    /// (we hold more than [`Self::zero_copy_limit`] frames), and if so how many we hold. A
+    /// consumer that keeps frames for long (an encoder, a queue) copies past that limit, so
+    /// the producer never waits for it and frames keep arriving.
+    pub fn should_copy(&self) -> Option<usize> {
+        self.conn.should_copy()
+    }
+
+    /// Counts a frame copied out of the ring (reported in the producer's statistics too);
+    /// returns the count.
+    pub fn count_copy(&self) -> u64 {
+        self.conn.count_copy()
+    }
+
+    /// Frames copied out of the ring so far.
+    pub fn copied(&self) -> u64 {
+        self.conn.copied()
     }
 
     /// The next frame: `Ok(None)` at the end of the stream (the producer sent EOS),

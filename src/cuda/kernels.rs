@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The kernels of `kernels/sum.cu`: PTX built by nvcc at build time when a CUDA toolkit was
-//! found, otherwise compiled here with NVRTC for the device at hand and cached on disk.
+//! The kernels of `kernels/sum.cu`, from the first of these that loads on the device:
+//! 1. the file named by `GPUSHM_KERNELS` (a fatbin, cubin or PTX, e.g. from
+//!    `scripts/build-kernels.sh`);
+//! 2. the fatbin built in by nvcc at build time (real code for sm_72 where the toolkit allows,
+//!    sm_87 and sm_90, plus PTX the driver JIT-compiles for other GPUs);
+//! 3. NVRTC at run time (libnvrtc.so, .13, .12 or .11): a cubin for the device (no JIT
+//!    needed), else PTX; cached on disk.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -10,18 +15,25 @@ use cudarc::driver::{
     CudaEvent, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice,
     PushKernelArg,
 };
-use cudarc::nvrtc::{CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use once_cell::sync::Lazy;
 
+use super::nvrtc::{self, Output};
 use super::{CudaError, Device, Result};
 
 /// The CUDA C source, embedded for NVRTC.
 pub const SUM_SOURCE: &str = include_str!("../../kernels/sum.cu");
 
-#[cfg(gpushm_prebuilt_ptx)]
-const PREBUILT_PTX: Option<&str> = Some(include_str!(concat!(env!("OUT_DIR"), "/sum.ptx")));
-#[cfg(not(gpushm_prebuilt_ptx))]
-const PREBUILT_PTX: Option<&str> = None;
+#[cfg(gpushm_prebuilt_fatbin)]
+const PREBUILT: Option<(&[u8], &str)> = Some((
+    include_bytes!(concat!(env!("OUT_DIR"), "/sum.fatbin")),
+    env!("GPUSHM_FATBIN_ARCHS"),
+));
+#[cfg(not(gpushm_prebuilt_fatbin))]
+const PREBUILT: Option<(&[u8], &str)> = None;
+
+/// Names a kernel image to load instead of the built-in ones.
+pub const KERNELS_ENV: &str = "GPUSHM_KERNELS";
 
 /// Threads per block of every launch.
 const THREADS: u32 = 256;
@@ -32,8 +44,9 @@ pub struct SumKernels {
     _module: Arc<CudaModule>,
     sum_plane: CudaFunction,
     read_only: CudaFunction,
-    /// Where the code came from: "nvcc", "nvrtc" or "nvrtc-cache".
-    pub origin: &'static str,
+    /// Where the code came from, e.g. "built-in fatbin (sm_87 sm_90 PTX:compute_75)",
+    /// "NVRTC cubin sm_90 (libnvrtc.so.13)".
+    pub origin: String,
 }
 
 fn fnv64(s: &str) -> u64 {
@@ -42,18 +55,18 @@ fn fnv64(s: &str) -> u64 {
     })
 }
 
-fn cache_path(arch: &str) -> Option<PathBuf> {
+fn cache_path(arch: &str, ext: &str) -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
     Some(
         base.join("gpushm")
-            .join(format!("sum-{:016x}-{arch}.ptx", fnv64(SUM_SOURCE))),
+            .join(format!("sum-{:016x}-{arch}.{ext}", fnv64(SUM_SOURCE))),
     )
 }
 
-fn load(device: &Device, ptx: Ptx, origin: &'static str) -> Result<SumKernels> {
-    let module = device.ctx.load_module(ptx)?;
+fn load(device: &Device, image: Vec<u8>, origin: String) -> Result<SumKernels> {
+    let module = device.ctx.load_module(Ptx::from_binary(image))?;
     Ok(SumKernels {
         sum_plane: module.load_function("gpushm_sum_plane")?,
         read_only: module.load_function("gpushm_read_only")?,
@@ -62,53 +75,93 @@ fn load(device: &Device, ptx: Ptx, origin: &'static str) -> Result<SumKernels> {
     })
 }
 
+/// A PTX text as cuModuleLoadData wants it: NUL-terminated.
+fn nul_terminated(mut image: Vec<u8>) -> Vec<u8> {
+    let text = image.starts_with(b"//") || image.starts_with(b".version");
+    if text && image.last() != Some(&0) {
+        image.push(0);
+    }
+    image
+}
+
 fn compile(device: &Device) -> Result<SumKernels> {
-    if let Some(ptx) = PREBUILT_PTX {
-        match load(device, Ptx::from_src(ptx), "nvcc") {
-            Ok(k) => return Ok(k),
-            Err(e) => gst::warning!(
-                crate::CAT,
-                "build-time PTX does not load on {} ({e}); using NVRTC",
+    let mut failures = Vec::new();
+    if let Some(path) = std::env::var_os(KERNELS_ENV) {
+        let path = PathBuf::from(path);
+        let image = std::fs::read(&path).map_err(|e| {
+            CudaError(format!(
+                "{KERNELS_ENV}={}: cannot read it: {e}",
+                path.display()
+            ))
+        })?;
+        return load(device, nul_terminated(image), format!("{}", path.display())).map_err(|e| {
+            CudaError(format!(
+                "{KERNELS_ENV}={} does not load on {}: {e}",
+                path.display(),
                 device.name
-            ),
-        }
+            ))
+        });
     }
     let (major, minor) = device.compute_capability;
-    let arch = format!("compute_{major}{minor}");
-    let cache = cache_path(&arch);
-    if let Some(src) = cache.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-        if let Ok(k) = load(device, Ptx::from_src(src), "nvrtc-cache") {
-            return Ok(k);
+    if let Some((fatbin, archs)) = PREBUILT {
+        match load(
+            device,
+            fatbin.to_vec(),
+            format!("built-in fatbin ({archs})"),
+        ) {
+            Ok(k) => return Ok(k),
+            Err(e) => {
+                gst::warning!(
+                    crate::CAT,
+                    "the built-in kernels ({archs}) do not load on {} (sm_{major}{minor}): {e}; using NVRTC",
+                    device.name
+                );
+                failures.push(format!("built-in fatbin ({archs}): {e}"));
+            }
         }
     }
-    // SAFETY: only dlopens; cudarc panics on use without the library.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(CudaError(
-            "cannot build the CUDA kernels: gpushm was built without nvcc and libnvrtc.so is not installed \
-             (install the CUDA toolkit's NVRTC, or rebuild with nvcc on PATH)"
-                .into(),
-        ));
-    }
-    let opts = CompileOptions {
-        // NVRTC keeps the pointer; one string per architecture per process.
-        arch: Some(Box::leak(arch.clone().into_boxed_str())),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SUM_SOURCE, opts).map_err(|e| {
-        CudaError(format!(
-            "NVRTC could not compile kernels/sum.cu for {arch}: {e}"
-        ))
-    })?;
-    if let Some(path) = cache {
-        let text = ptx.to_src();
-        if let Some(dir) = path.parent() {
-            let tmp = dir.join(format!(".{}.tmp", std::process::id()));
-            let _ = std::fs::create_dir_all(dir)
-                .and_then(|_| std::fs::write(&tmp, text))
-                .and_then(|_| std::fs::rename(&tmp, &path));
+    for (output, arch, ext) in [
+        (Output::Cubin, format!("sm_{major}{minor}"), "cubin"),
+        (Output::Ptx, format!("compute_{major}{minor}"), "ptx"),
+    ] {
+        let cache = cache_path(&arch, ext);
+        if let Some(image) = cache.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            if let Ok(k) = load(
+                device,
+                nul_terminated(image),
+                format!("NVRTC {ext} {arch} (cached)"),
+            ) {
+                return Ok(k);
+            }
+        }
+        let image = match nvrtc::compile(SUM_SOURCE, (major, minor), output) {
+            Ok(i) => i,
+            Err(e) => {
+                failures.push(e.0);
+                continue;
+            }
+        };
+        let origin = format!("NVRTC {ext} {arch} ({})", nvrtc::library().unwrap_or("?"));
+        match load(device, image.clone(), origin) {
+            Ok(k) => {
+                if let Some(path) = cache {
+                    if let Some(dir) = path.parent() {
+                        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+                        let _ = std::fs::create_dir_all(dir)
+                            .and_then(|_| std::fs::write(&tmp, &image))
+                            .and_then(|_| std::fs::rename(&tmp, &path));
+                    }
+                }
+                return Ok(k);
+            }
+            Err(e) => failures.push(format!("NVRTC {ext} for {arch} does not load: {e}")),
         }
     }
-    load(device, ptx, "nvrtc")
+    Err(CudaError(format!(
+        "cannot load the CUDA kernels on {} (sm_{major}{minor}): {}",
+        device.name,
+        failures.join("; ")
+    )))
 }
 
 /// The kernels for `device`, compiled or loaded once per process.
@@ -177,8 +230,8 @@ impl GpuSummer {
         &self.device
     }
 
-    pub fn kernel_origin(&self) -> &'static str {
-        self.kernels.origin
+    pub fn kernel_origin(&self) -> &str {
+        &self.kernels.origin
     }
 
     fn grid(&self, work_items: u64) -> LaunchConfig {

@@ -6,6 +6,7 @@
 //! it (NULL→READY), so the plugin loads, and the shm elements work, on machines without it.
 
 pub mod kernels;
+pub mod nvrtc;
 pub mod register;
 
 use std::collections::HashMap;
@@ -86,6 +87,28 @@ impl fmt::Debug for Device {
     }
 }
 
+/// Test-only switch: when set, every device is treated as unable to register read-only host
+/// memory, to exercise the writable-ring fallback on GPUs that can.
+pub const TEST_NO_READ_ONLY_REGISTER: &str = "GPUSHM_TEST_NO_READ_ONLY_REGISTER";
+
+/// What [`select`] found.
+pub enum Selected {
+    Device(Arc<Device>),
+    /// `cuda-device-id=-1` and no usable GPU: go on without CUDA, for this reason.
+    Unavailable(CudaError),
+}
+
+/// The rule every element follows for its `cuda-device-id`: -1 takes the first GPU when there
+/// is one and goes on without CUDA otherwise; an explicit id must exist (`Err` otherwise).
+/// The first call for a device creates its CUDA context: call it only for work that uses it.
+pub fn select(id: i32) -> Result<Selected> {
+    match device(id) {
+        Ok(d) => Ok(Selected::Device(d)),
+        Err(e) if id < 0 => Ok(Selected::Unavailable(e)),
+        Err(e) => Err(CudaError(format!("cuda-device-id={id}: {e}"))),
+    }
+}
+
 /// The device `id` (-1 = the first one), opened once per process.
 pub fn device(id: i32) -> Result<Arc<Device>> {
     static DEVICES: Lazy<Mutex<HashMap<usize, Arc<Device>>>> =
@@ -110,7 +133,8 @@ pub fn device(id: i32) -> Result<Arc<Device>> {
         integrated: attr(Attr::CU_DEVICE_ATTRIBUTE_INTEGRATED) != 0,
         host_register: attr(Attr::CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED) != 0,
         host_register_read_only: attr(Attr::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED)
-            != 0,
+            != 0
+            && std::env::var_os(TEST_NO_READ_ONLY_REGISTER).is_none(),
         multiprocessors: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1) as u32,
         ctx,
     });

@@ -99,9 +99,12 @@ impl CudaSum {
             self.state().gpu = None;
             return Ok(());
         }
-        let gpu = crate::cuda::device(s.device).and_then(|d| {
-            gst::info!(CAT, imp = self, "{d:?}");
-            GpuSummer::new(&d)
+        let gpu = crate::cuda::select(s.device).and_then(|sel| match sel {
+            crate::cuda::Selected::Device(d) => {
+                gst::info!(CAT, imp = self, "{d:?}");
+                GpuSummer::new(&d)
+            }
+            crate::cuda::Selected::Unavailable(e) => Err(e),
         });
         match gpu {
             Ok(g) => {
@@ -275,6 +278,42 @@ impl BaseTransformImpl for CudaSum {
         let info = gst_video::VideoInfo::from_caps(incaps)
             .map_err(|_| gst::loggable_error!(CAT, "bad caps {}", incaps))?;
         self.state().info = Some(info);
+        Ok(())
+    }
+
+    /// Asks upstream (gpushmsrc, cuda-register=auto) for GpuShmCudaMeta when a GPU is in use,
+    /// so frames arrive registered and kernels read them in place.
+    fn propose_allocation(
+        &self,
+        decide_query: Option<&gst::query::Allocation>,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        self.parent_propose_allocation(decide_query, query)?;
+        if self.state().gpu.is_none() {
+            return Ok(());
+        }
+        query.add_allocation_meta::<crate::cudameta::CudaMetaApi>(None);
+        // Downstream's pool (gpushmsink's) gives device pointers to whoever sets its option:
+        // set it, so that upstream renders into registered slots we read in place.
+        let option = crate::cudameta::POOL_OPTION_CUDA_META;
+        let caps = query.get_owned().0;
+        for (pool, size, min, max) in query.allocation_pools() {
+            let Some(pool) = pool.filter(|p| !p.is_active()) else {
+                continue;
+            };
+            if pool.options().iter().any(|o| o == option) {
+                let mut config = pool.config();
+                if !config.has_option(option) {
+                    if config.params().is_none_or(|p| p.1 == 0) {
+                        config.set_params(caps.as_ref(), size, min, max);
+                    }
+                    config.add_option(option);
+                    if pool.set_config(config).is_err() {
+                        gst::debug!(CAT, imp = self, "downstream's pool refused {option}");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 

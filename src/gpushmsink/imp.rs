@@ -34,6 +34,8 @@ use once_cell::sync::Lazy;
 
 use super::pool::Server;
 use super::pool::SlotPool;
+use crate::cuda::Selected;
+use crate::cudameta::CudaRegister;
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::{FrameMeta, TimeCode};
 use crate::ring::publisher::{Config, Event, Policy};
@@ -65,6 +67,7 @@ struct Settings {
     perms: u32,
     slots: u32,
     cuda_device: i32,
+    cuda_register: CudaRegister,
     max_wait: i64,
     client_budget: u32,
     max_clients: u32,
@@ -79,6 +82,7 @@ impl Default for Settings {
             perms: DEFAULT_PERMS,
             slots: DEFAULT_SLOTS,
             cuda_device: DEFAULT_CUDA_DEVICE,
+            cuda_register: CudaRegister::Auto,
             max_wait: DEFAULT_MAX_WAIT,
             client_budget: DEFAULT_CLIENT_BUDGET,
             max_clients: DEFAULT_MAX_CLIENTS,
@@ -87,12 +91,16 @@ impl Default for Settings {
     }
 }
 
+// One per element, held behind a mutex: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum State {
     Stopped,
     Started {
         server: Arc<Server>,
-        /// The GPU rings are registered with, if any.
+        /// The GPU every ring is registered with (cuda-register=always), if any.
         cuda: Option<Arc<crate::cuda::Device>>,
+        /// The device to register a ring with when upstream asks (cuda-register=auto).
+        cuda_on_request: Option<i32>,
         info: Option<gst_video::VideoInfo>,
         caps: Option<gst::Caps>,
         pool: Option<SlotPool>,
@@ -266,6 +274,7 @@ impl GpuShmSink {
             caps: cur_caps,
             pool,
             cuda,
+            cuda_on_request,
             live,
         } = &mut *state
         else {
@@ -287,23 +296,13 @@ impl GpuShmSink {
         let ring = server
             .new_ring(slots, info.size() as u64, &caps.to_string(), requeue)
             .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
-        let new_pool = SlotPool::new(ring, Arc::downgrade(server));
+        let new_pool = SlotPool::new(ring, Arc::downgrade(server), *cuda_on_request);
         let _ = cell.set(new_pool.clone());
         gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
         if let (Some(dev), Some(ring)) = (cuda.as_ref(), new_pool.ring()) {
-            let (base, len) = ring.mapping();
-            // SAFETY: attached to the ring, so dropped before its mapping.
-            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, false) };
-            if let Some(why) = att.downcast_ref::<crate::cuda::register::NotRegistered>() {
-                gst::warning!(
-                    CAT,
-                    imp = self,
-                    "cannot register the ring with {}: {}",
-                    dev.name,
-                    why.0
-                );
+            if let Err(why) = super::pool::register_ring(dev, &ring) {
+                gst::warning!(CAT, imp = self, "{why}");
             }
-            ring.attach(att);
         }
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
@@ -428,6 +427,11 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_CUDA_DEVICE)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecEnum::builder_with_default("cuda-register", CudaRegister::Auto)
+                    .nick("CUDA registration")
+                    .blurb("When to register the rings with CUDA (once per ring) so that pool buffers carry GpuShmCudaMeta and CUDA elements upstream render into the slots. auto: only when an upstream element sets the pool option GstBufferPoolOptionGpuShmCudaMeta, so a process that does not use the GPU creates no CUDA context; always: whenever a GPU is found; never")
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecInt64::builder("max-wait")
                     .nick("Max wait")
                     .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted the first time): the frames it did not take go back, and it is served like a leaky one, never waited for, until it takes frames again. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration (40 to 200 ms) for a live stream, so the other consumers see frames at most that late, 1 s otherwise; 0 = never wait (a lossless consumer at its budget is marked lagging at once). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
@@ -498,6 +502,7 @@ impl ObjectImpl for GpuShmSink {
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
+            "cuda-register" => s.cuda_register = value.get().expect("type checked"),
             "max-wait" => s.max_wait = value.get().expect("type checked"),
             "client-budget" => s.client_budget = value.get().expect("type checked"),
             "max-clients" => s.max_clients = value.get().expect("type checked"),
@@ -524,6 +529,7 @@ impl ObjectImpl for GpuShmSink {
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
+            "cuda-register" => self.settings().cuda_register.to_value(),
             "max-wait" => self.settings().max_wait.to_value(),
             "client-budget" => self.settings().client_budget.to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
@@ -634,23 +640,27 @@ impl BaseSinkImpl for GpuShmSink {
             )
         })?;
         gst::debug!(CAT, imp = self, "listening on {}", path.display());
-        let cuda = match crate::cuda::device(s.cuda_device) {
-            Ok(d) => Some(d),
-            Err(e) if s.cuda_device < 0 => {
-                gst::info!(CAT, imp = self, "rings are not registered with CUDA: {e}");
-                None
-            }
-            Err(e) => {
-                server.stop();
-                return Err(gst::error_msg!(
-                    gst::LibraryError::Init,
-                    ("cuda-device-id={}: {}", s.cuda_device, e)
-                ));
-            }
+        // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
+        // upstream asks (the pool option).
+        let cuda = match s.cuda_register {
+            CudaRegister::Always => match crate::cuda::select(s.cuda_device) {
+                Ok(Selected::Device(d)) => Some(d),
+                Ok(Selected::Unavailable(e)) => {
+                    gst::info!(CAT, imp = self, "rings are not registered with CUDA: {e}");
+                    None
+                }
+                Err(e) => {
+                    server.stop();
+                    return Err(gst::error_msg!(gst::LibraryError::Init, ("{}", e)));
+                }
+            },
+            _ => None,
         };
+        let cuda_on_request = (s.cuda_register == CudaRegister::Auto).then_some(s.cuda_device);
         *self.state() = State::Started {
             server,
             cuda,
+            cuda_on_request,
             info: None,
             caps: None,
             pool: None,
@@ -680,6 +690,10 @@ impl BaseSinkImpl for GpuShmSink {
     ) -> Result<(), gst::LoggableError> {
         let caps = query.get().0.map(|c| c.to_owned());
         query.add_allocation_meta::<gst_video::VideoMeta>(None);
+        if self.settings().cuda_register != CudaRegister::Never {
+            // Upstream that wants device pointers sets POOL_OPTION_CUDA_META on our pool.
+            query.add_allocation_meta::<crate::cudameta::CudaMetaApi>(None);
+        }
         // Upstream asks before its first buffer: have the ring for these caps ready so that
         // it renders into shared memory from the very first frame.
         if let Some(c) = caps.as_ref().filter(|c| c.is_fixed()) {

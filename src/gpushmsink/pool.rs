@@ -22,12 +22,20 @@ glib::wrapper! {
 }
 
 impl SlotPool {
-    pub fn new(ring: Arc<ProducerRing>, server: Weak<Server>) -> Self {
+    /// A pool over `ring`'s slots. With `cuda_on_request`, an upstream element that sets
+    /// [`POOL_OPTION_CUDA_META`] gets the ring registered with that CUDA device (see
+    /// [`crate::cuda::select`]) and GpuShmCudaMeta on the buffers.
+    pub fn new(
+        ring: Arc<ProducerRing>,
+        server: Weak<Server>,
+        cuda_on_request: Option<i32>,
+    ) -> Self {
         let pool: Self = glib::Object::new();
         let mut st = pool.imp().state.lock().unwrap_or_else(|e| e.into_inner());
         st.free_slots = (0..ring.slot_count()).rev().collect();
         st.ring = Some(ring);
         st.server = server;
+        st.cuda_on_request = cuda_on_request;
         drop(st);
         pool
     }
@@ -51,6 +59,26 @@ impl SlotPool {
         let ring = self.ring()?;
         slot_of_buffer(&ring, buffer)
     }
+}
+
+/// Registers a whole ring with `dev`, once (it stays attached to the ring, and is dropped
+/// before the ring's mapping). Upstream may write: registered writable.
+pub fn register_ring(dev: &Arc<crate::cuda::Device>, ring: &ProducerRing) -> Result<(), String> {
+    if ring.attachment().is_some() {
+        return Ok(());
+    }
+    let (base, len) = ring.mapping();
+    // SAFETY: attached to the ring, so dropped before its mapping.
+    let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, false) };
+    let r = match att.downcast_ref::<crate::cuda::register::NotRegistered>() {
+        Some(why) => Err(format!(
+            "cannot register the ring with {}: {}",
+            dev.name, why.0
+        )),
+        None => Ok(()),
+    };
+    ring.attach(att);
+    r
 }
 
 /// The slot of `ring` whose memory `buffer` is, if it is exactly one slot.
@@ -77,6 +105,8 @@ mod imp {
         pub free_slots: Vec<u32>,
         pub size: usize,
         pub video_info: Option<gst_video::VideoInfo>,
+        /// cuda-register=auto: the device (cuda-device-id) to register with on request.
+        pub cuda_on_request: Option<i32>,
     }
 
     #[derive(Default)]
@@ -102,7 +132,10 @@ mod imp {
 
     impl BufferPoolImpl for SlotPool {
         fn options() -> &'static [&'static str] {
-            static OPTIONS: [&str; 1] = ["GstBufferPoolOptionVideoMeta"];
+            static OPTIONS: [&str; 2] = [
+                "GstBufferPoolOptionVideoMeta",
+                crate::cudameta::POOL_OPTION_CUDA_META,
+            ];
             &OPTIONS
         }
 
@@ -122,7 +155,27 @@ mod imp {
             st.video_info = caps
                 .as_ref()
                 .and_then(|c| gst_video::VideoInfo::from_caps(c).ok());
+            let cuda_id = st.cuda_on_request;
             drop(st);
+            if let Some(id) =
+                cuda_id.filter(|_| config.has_option(crate::cudameta::POOL_OPTION_CUDA_META))
+            {
+                // Upstream asks for device pointers: the first time, this creates the CUDA
+                // context and registers the ring (once per ring).
+                match crate::cuda::select(id) {
+                    Ok(crate::cuda::Selected::Device(d)) => {
+                        if let Err(why) = register_ring(&d, &ring) {
+                            gst::warning!(gst::CAT_DEFAULT, obj = self.obj(), "{why}");
+                        }
+                    }
+                    Ok(crate::cuda::Selected::Unavailable(e)) => {
+                        gst::info!(gst::CAT_DEFAULT, obj = self.obj(), "no GpuShmCudaMeta: {e}")
+                    }
+                    Err(e) => {
+                        gst::warning!(gst::CAT_DEFAULT, obj = self.obj(), "no GpuShmCudaMeta: {e}");
+                    }
+                }
+            }
             // Never more buffers than slots.
             config.set_params(caps.as_ref(), size, min.min(n), n);
             self.parent_set_config(config)

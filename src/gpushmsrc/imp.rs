@@ -45,6 +45,9 @@ use gst_base::subclass::prelude::*;
 use once_cell::sync::Lazy;
 
 use super::receiver::{Config, Item, Received, Receiver, Shared};
+use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
+use crate::cuda::Selected;
+use crate::cudameta::{CudaMetaApi, CudaRegister};
 use crate::ring::client::ConnectOptions;
 use crate::ring::layout::NONE_U64;
 
@@ -91,6 +94,7 @@ struct Settings {
     timeout: u64,
     lossless: bool,
     cuda_device: i32,
+    cuda_register: CudaRegister,
     reconnect: bool,
     reconnect_interval: u64,
     max_size_buffers: u32,
@@ -106,6 +110,7 @@ impl Default for Settings {
             timeout: DEFAULT_TIMEOUT,
             lossless: DEFAULT_LOSSLESS,
             cuda_device: DEFAULT_CUDA_DEVICE,
+            cuda_register: CudaRegister::Auto,
             reconnect: DEFAULT_RECONNECT,
             reconnect_interval: DEFAULT_RECONNECT_INTERVAL,
             max_size_buffers: DEFAULT_MAX_SIZE_BUFFERS,
@@ -148,6 +153,10 @@ struct Started {
     latency_changed: bool,
     /// The last frame's timestamp was before this pipeline's start (shown at 0).
     clamped: bool,
+    /// The GPU frames are registered with (cuda-register=always, or downstream asked).
+    cuda: Option<Arc<crate::cuda::Device>>,
+    /// Downstream asked for GpuShmCudaMeta (auto): the device was looked for.
+    cuda_asked: bool,
 }
 
 pub struct GpuShmSrc {
@@ -303,6 +312,123 @@ impl GpuShmSrc {
 
     /// Sets the producer's caps on the pad, without the state lock held (downstream sees a
     /// caps event and may call back into us).
+    /// Opens the GPU of cuda-device-id (see crate::cuda::select): `None` without one.
+    fn open_cuda(&self, id: i32) -> Result<Option<Arc<crate::cuda::Device>>, gst::ErrorMessage> {
+        match crate::cuda::select(id) {
+            Ok(Selected::Device(d)) => {
+                gst::info!(CAT, imp = self, "{d:?}");
+                Ok(Some(d))
+            }
+            Ok(Selected::Unavailable(e)) => {
+                gst::info!(CAT, imp = self, "frames are not registered with CUDA: {e}");
+                Ok(None)
+            }
+            Err(e) => Err(gst::error_msg!(gst::LibraryError::Init, ("{}", e))),
+        }
+    }
+
+    /// Downstream asked for GpuShmCudaMeta: with cuda-register=auto, open the GPU the first
+    /// time (frames get the meta from then on).
+    fn cuda_requested(&self) -> Result<(), gst::LoggableError> {
+        let (mode, id) = {
+            let s = self.settings();
+            (s.cuda_register, s.cuda_device)
+        };
+        if mode != CudaRegister::Auto {
+            return Ok(());
+        }
+        {
+            let mut guard = self.state();
+            match guard.as_mut() {
+                Some(st) if !st.cuda_asked => st.cuda_asked = true,
+                _ => return Ok(()),
+            }
+        }
+        let dev = self.open_cuda(id).map_err(|e| {
+            let msg = e.to_string();
+            self.post_error_message(e);
+            gst::loggable_error!(CAT, "{}", msg)
+        })?;
+        let mut guard = self.state();
+        if let (Some(st), Some(d)) = (guard.as_mut(), dev) {
+            if self.needs_writable_ring(&d) {
+                st.receiver.request_writable_ring();
+            }
+            st.cuda = Some(d);
+        }
+        Ok(())
+    }
+
+    /// Whether `d` needs a writable ring to read frames in place (it cannot register
+    /// read-only host memory); warns once.
+    fn needs_writable_ring(&self, d: &crate::cuda::Device) -> bool {
+        let needs = d.host_register && !d.host_register_read_only;
+        if needs {
+            gst::warning!(
+                CAT,
+                imp = self,
+                "{} cannot register read-only host memory: asking the producer for a writable mapping (it must allow it: allow-writable-ring=true)",
+                d.name
+            );
+        }
+        needs
+    }
+
+    /// Puts a GpuShmCudaMeta on a zero-copy frame's buffer, registering its ring the first
+    /// time one of its frames goes out (once per mapping, never per frame).
+    fn add_cuda_meta(&self, dev: &Arc<crate::cuda::Device>, b: &mut gst::BufferRef, f: &Received) {
+        let Some((ring, ptr)) = &f.slot else {
+            return;
+        };
+        if ring.attachment().is_none() {
+            let (base, len) = ring.mapping();
+            let read_only = !ring.is_writable();
+            if read_only && dev.host_register && !dev.host_register_read_only {
+                // The receiver reconnects for a writable ring: frames of this one are copied
+                // by CUDA elements meanwhile.
+                return;
+            }
+            // SAFETY: the registration is attached to the mapping and dropped before it.
+            let att = unsafe { register_mapping(dev, base, len, read_only) };
+            match att.downcast_ref::<NotRegistered>() {
+                Some(why) => gst::element_imp_warning!(
+                    self,
+                    gst::ResourceError::Settings,
+                    (
+                        "Cannot register the ring with {} ({}); CUDA elements will copy each frame",
+                        dev.name,
+                        why.0
+                    )
+                ),
+                None => gst::info!(
+                    CAT,
+                    imp = self,
+                    "ring {} ({} MiB) registered {} with {}",
+                    ring.ring_gen(),
+                    len >> 20,
+                    if read_only {
+                        "read-only"
+                    } else {
+                        "writable (the GPU cannot register read-only memory)"
+                    },
+                    dev.name
+                ),
+            }
+            ring.attach(att);
+        }
+        if let Some((device_ptr, device)) = device_ptr_in(ring.attachment(), *ptr as *const u8) {
+            crate::cudameta::add(
+                b,
+                crate::cudameta::CudaPtr {
+                    device,
+                    device_ptr,
+                    size: f.meta.payload_size,
+                    read_only: !ring.is_writable(),
+                },
+            );
+        }
+    }
+
     fn set_pad_caps(&self, caps_str: &Arc<str>) -> Result<(), gst::FlowError> {
         let caps = gst::Caps::from_str(caps_str).map_err(|_| {
             gst::element_imp_error!(
@@ -361,6 +487,11 @@ impl ObjectImpl for GpuShmSrc {
                     .blurb("GPU to register the ring with, once per mapping, so CUDA elements read frames in place (GpuShmCudaMeta). -1 = the first GPU if there is one, none otherwise")
                     .minimum(-1)
                     .default_value(DEFAULT_CUDA_DEVICE)
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecEnum::builder_with_default("cuda-register", CudaRegister::Auto)
+                    .nick("CUDA registration")
+                    .blurb("When to register the producer's rings with CUDA (once per ring) so that frames carry GpuShmCudaMeta and CUDA elements read them in place. auto: only when a downstream element asks for the meta in the ALLOCATION query (cudasum does), so a process that does not use the GPU creates no CUDA context; always: whenever a GPU is found; never")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("reconnect")
@@ -429,6 +560,7 @@ impl ObjectImpl for GpuShmSrc {
             "timeout" => s.timeout = value.get().expect("type checked"),
             "lossless" => s.lossless = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
+            "cuda-register" => s.cuda_register = value.get().expect("type checked"),
             "reconnect" => s.reconnect = value.get().expect("type checked"),
             "reconnect-interval" => s.reconnect_interval = value.get().expect("type checked"),
             "max-size-buffers" => s.max_size_buffers = value.get().expect("type checked"),
@@ -450,6 +582,7 @@ impl ObjectImpl for GpuShmSrc {
             "timeout" => self.settings().timeout.to_value(),
             "lossless" => self.settings().lossless.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
+            "cuda-register" => self.settings().cuda_register.to_value(),
             "reconnect" => self.settings().reconnect.to_value(),
             "reconnect-interval" => self.settings().reconnect_interval.to_value(),
             "max-size-buffers" => self.settings().max_size_buffers.to_value(),
@@ -533,35 +666,15 @@ impl BaseSrcImpl for GpuShmSrc {
                 ("socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink")
             ));
         };
-        let cuda = match crate::cuda::device(s.cuda_device) {
-            Ok(d) => {
-                gst::info!(CAT, imp = self, "{d:?}");
-                Some(d)
-            }
-            Err(e) if s.cuda_device < 0 => {
-                gst::info!(CAT, imp = self, "frames are not registered with CUDA: {e}");
-                None
-            }
-            Err(e) => {
-                return Err(gst::error_msg!(
-                    gst::LibraryError::Init,
-                    ("cuda-device-id={}: {}", s.cuda_device, e)
-                ));
-            }
+        // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
+        // downstream asks (decide_allocation).
+        let cuda = match s.cuda_register {
+            CudaRegister::Always => self.open_cuda(s.cuda_device)?,
+            _ => None,
         };
         // A GPU that cannot register read-only memory needs a writable mapping to read frames
         // in place: zero-copy GPU access beats the protection there.
-        let writable_ring = cuda
-            .as_ref()
-            .is_some_and(|d| d.host_register && !d.host_register_read_only);
-        if writable_ring {
-            gst::warning!(
-                CAT,
-                imp = self,
-                "{} cannot register read-only host memory: asking the producer for a writable mapping",
-                cuda.as_ref().map_or("the GPU", |d| d.name.as_str())
-            );
-        }
+        let writable_ring = cuda.as_ref().is_some_and(|d| self.needs_writable_ring(d));
         let opts = ConnectOptions {
             lossless: s.lossless,
             writable_ring,
@@ -581,7 +694,6 @@ impl BaseSrcImpl for GpuShmSrc {
                 max_buffers: s.max_size_buffers,
                 max_bytes: s.max_size_bytes,
                 max_time: s.max_size_time,
-                cuda,
             },
         )
         .map_err(|e| {
@@ -601,6 +713,8 @@ impl BaseSrcImpl for GpuShmSrc {
             clock_warning: None,
             latency_changed: false,
             clamped: false,
+            cuda,
+            cuda_asked: false,
         });
         Ok(())
     }
@@ -633,6 +747,22 @@ impl BaseSrcImpl for GpuShmSrc {
             Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
             None => caps,
         })
+    }
+
+    fn decide_allocation(
+        &self,
+        query: &mut gst::query::Allocation,
+    ) -> Result<(), gst::LoggableError> {
+        let asks = query.find_allocation_meta::<CudaMetaApi>().is_some();
+        gst::debug!(
+            CAT,
+            imp = self,
+            "ALLOCATION query: downstream asks for GpuShmCudaMeta: {asks}"
+        );
+        if asks {
+            self.cuda_requested()?;
+        }
+        self.parent_decide_allocation(query)
     }
 
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
@@ -695,6 +825,11 @@ impl PushSrcImpl for GpuShmSrc {
                 };
                 if let Some(c) = new_caps {
                     self.set_pad_caps(&c)?;
+                    // The ALLOCATION query for these caps, now: downstream may ask for
+                    // GpuShmCudaMeta, and this frame already gets it.
+                    if !self.obj().negotiate() {
+                        gst::debug!(CAT, imp = self, "allocation after new caps failed");
+                    }
                     if let Some(st) = self.state().as_mut() {
                         st.pad_caps = Some(c);
                     }
@@ -704,6 +839,9 @@ impl PushSrcImpl for GpuShmSrc {
                     let mut guard = self.state();
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
+                    if let Some(dev) = &st.cuda {
+                        self.add_cuda_meta(dev, b, &f);
+                    }
                     self.timestamp(st, b, &f);
                     if discont {
                         b.set_flags(gst::BufferFlags::DISCONT);

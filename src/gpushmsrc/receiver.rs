@@ -13,24 +13,23 @@
 //!   sinks keeping their last buffer) therefore never make the producer skip or wait.
 
 use std::collections::VecDeque;
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use gst::glib;
 use gst::glib::translate::IntoGlib;
 use gst::prelude::*;
-use nix::sys::eventfd::EventFd;
 
 use super::imp::CAT;
 use crate::memory::wrap_slot_memory;
-use crate::ring::client::{ConnectOptions, Connection, Frame, Wait};
+use crate::ring::client::{ConnectOptions, Frame, Subscriber, Waker};
+use crate::ring::consumer::ConsumerRing;
 use crate::ring::layout::NONE_U64;
 use crate::ring::producer::FrameMeta;
-use crate::ring::{shm, Error};
+use crate::ring::Error;
 
 /// How long a lossless consumer of a producer that is not live waits for downstream to hand
 /// a frame back before it copies instead.
@@ -45,7 +44,6 @@ pub(super) struct Config {
     pub max_buffers: u32,
     pub max_bytes: u64,
     pub max_time: u64,
-    pub cuda: Option<Arc<crate::cuda::Device>>,
 }
 
 /// A frame as it arrived: memory, flags and metas set, timestamps not yet (they depend on
@@ -58,6 +56,8 @@ pub(super) struct Received {
     pub arrival_ns: u64,
     /// Which connection it came from (timestamps are mapped per producer).
     pub conn_serial: u64,
+    /// The ring and address of a zero-copy frame (`None`: copied), for CUDA registration.
+    pub slot: Option<(Arc<ConsumerRing>, usize)>,
 }
 
 pub(super) enum Item {
@@ -98,6 +98,9 @@ pub(super) struct Shared {
     /// Frames copied out of the ring because downstream kept our zero-copy ones.
     pub copied: AtomicU64,
     pub received: AtomicU64,
+    /// Downstream asked for GpuShmCudaMeta and the GPU cannot register read-only memory:
+    /// reconnect asking for a writable ring.
+    want_writable: AtomicBool,
 }
 
 impl Shared {
@@ -167,7 +170,7 @@ impl Shared {
 /// The receiver thread and what it shares. Dropping it stops the thread.
 pub(super) struct Receiver {
     pub shared: Arc<Shared>,
-    stop: Arc<EventFd>,
+    stop: Waker,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -177,7 +180,7 @@ impl Receiver {
             latency: AtomicU64::new(NONE_U64),
             ..Default::default()
         });
-        let stop = Arc::new(shm::new_eventfd()?);
+        let stop = Waker::new()?;
         let mut worker = Worker {
             element: element.downgrade(),
             cfg,
@@ -190,6 +193,7 @@ impl Receiver {
             dropped_base: 0,
             copy_warned: false,
             gave_up_waiting: false,
+            writable_refusal_warned: false,
         };
         let thread = std::thread::Builder::new()
             .name("gpushmsrc-recv".into())
@@ -208,11 +212,21 @@ impl Receiver {
     }
 }
 
+impl Receiver {
+    /// Reconnects asking for a writable ring (for a GPU that cannot register read-only
+    /// memory), unless this receiver already has one or asked.
+    pub fn request_writable_ring(&self) {
+        if !self.shared.want_writable.swap(true, Ordering::AcqRel) {
+            self.stop.wake();
+        }
+    }
+}
+
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.shared.queue().stopping = true;
         self.shared.cond.notify_all();
-        shm::notify(&self.stop);
+        self.stop.wake();
         if let Some(t) = self.thread.take() {
             // The thread may hold the last reference to the element for a moment: never
             // join it from itself.
@@ -228,7 +242,7 @@ struct Worker {
     element: glib::WeakRef<super::GpuShmSrc>,
     cfg: Config,
     shared: Arc<Shared>,
-    stop: Arc<EventFd>,
+    stop: Waker,
     serial: u64,
     /// Video info of the caps string last seen.
     info: Option<(Arc<str>, gst_video::VideoInfo)>,
@@ -238,6 +252,7 @@ struct Worker {
     copy_warned: bool,
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,
+    writable_refusal_warned: bool,
 }
 
 impl Worker {
@@ -252,7 +267,7 @@ impl Worker {
             }
         }
         let mut conn =
-            match Connection::connect(&self.cfg.path, &self.cfg.opts, Some(self.stop.as_fd())) {
+            match Subscriber::connect_with_waker(&self.cfg.path, &self.cfg.opts, &self.stop) {
                 Ok(c) => c,
                 Err(Error::Interrupted) => return,
                 Err(e) => {
@@ -274,14 +289,14 @@ impl Worker {
             conn.client_id()
         );
         loop {
-            self.shared
-                .producer_dropped
-                .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
-            if let Some(c) = conn.caps() {
-                *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
-            }
-            match conn.try_next() {
+            match conn.next_frame(None) {
                 Ok(Some(frame)) => {
+                    self.shared
+                        .producer_dropped
+                        .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
+                    if let Some(c) = conn.caps() {
+                        *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                    }
                     let arrival_ns = crate::ring::monotonic_ns();
                     let item = match self.build(&conn, frame, arrival_ns) {
                         Ok(r) => Item::Frame(r),
@@ -292,30 +307,34 @@ impl Worker {
                         return;
                     }
                 }
-                Ok(None) if conn.is_eos() => {
+                Ok(None) => {
                     gst::debug!(CAT, "producer sent EOS");
                     self.push(Item::Eos);
                     // Nothing more comes for this pipeline: wait to be stopped.
-                    let mut pfd = [nix::poll::PollFd::new(
-                        self.stop.as_fd(),
-                        nix::poll::PollFlags::POLLIN,
-                    )];
-                    while !self.shared.queue().stopping {
-                        let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::NONE);
+                    let mut q = self.shared.queue();
+                    while !q.stopping {
+                        q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
                     }
                     return;
                 }
-                Ok(None) => match conn.wait(self.stop.as_fd(), None) {
-                    Ok(Wait::Woken) => return,
-                    Ok(_) => {}
-                    Err(e) => {
-                        self.push(Item::Error(gst::error_msg!(
-                            gst::ResourceError::Read,
-                            ("Waiting for frames failed: {}", e)
-                        )));
+                Err(Error::Interrupted) => {
+                    if self.shared.queue().stopping {
                         return;
                     }
-                },
+                    if self.shared.want_writable.load(Ordering::Acquire)
+                        && !self.cfg.opts.writable_ring
+                    {
+                        self.cfg.opts.writable_ring = true;
+                        self.dropped_base += conn.dropped();
+                        drop(conn);
+                        match self.reconnect(
+                            "Downstream reads frames with CUDA and this GPU cannot register read-only memory: reconnecting to ask the producer for a writable ring (frames published meanwhile are missed)",
+                        ) {
+                            Some(c) => conn = c,
+                            None => return,
+                        }
+                    }
+                }
                 Err(e) => {
                     let received = self.shared.received.load(Ordering::Relaxed);
                     let why = match e {
@@ -343,7 +362,7 @@ impl Worker {
 
     /// Waits for a producer on the same path (reconnect=true). Buffers of the old producer
     /// stay valid downstream: they keep their mapping alive.
-    fn reconnect(&mut self, why: &str) -> Option<Connection> {
+    fn reconnect(&mut self, why: &str) -> Option<Subscriber> {
         if let Some(el) = self.element.upgrade() {
             gst::element_warning!(
                 el,
@@ -359,7 +378,7 @@ impl Worker {
             timeout: Duration::MAX,
             ..self.cfg.opts.clone()
         };
-        match Connection::connect(&self.cfg.path, &opts, Some(self.stop.as_fd())) {
+        match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
@@ -479,7 +498,7 @@ impl Worker {
     /// in system memory whose slot goes back at once.
     fn build(
         &mut self,
-        conn: &Connection,
+        conn: &Subscriber,
         frame: Frame,
         arrival_ns: u64,
     ) -> Result<Received, gst::ErrorMessage> {
@@ -525,7 +544,7 @@ impl Worker {
         if copy.is_none() {
             self.gave_up_waiting = false;
         }
-        let mut cuda = None;
+        let mut slot = None;
         let mem = if let Some(held) = copy {
             let mut mem = gst::Memory::with_size(size);
             {
@@ -548,7 +567,20 @@ impl Worker {
             drop(frame.lease);
             mem
         } else {
-            cuda = self.cuda_ptr(&frame);
+            slot = Some((frame.lease.ring().clone(), frame.ptr as usize));
+            if self.cfg.opts.writable_ring
+                && !frame.lease.ring().is_writable()
+                && !std::mem::replace(&mut self.writable_refusal_warned, true)
+            {
+                if let Some(el) = self.element.upgrade() {
+                    gst::element_warning!(
+                        el,
+                        gst::ResourceError::Settings,
+                        ("The GPU cannot register read-only memory and the producer does not hand out writable rings: CUDA elements copy each frame"),
+                        ["Set allow-writable-ring=true on the gpushmsink to let them read frames in place"]
+                    );
+                }
+            }
             wrap_slot_memory(
                 frame.ptr as *mut u8,
                 size,
@@ -622,9 +654,6 @@ impl Worker {
                     gst_video::VideoTimeCodeMeta::add(b, &v);
                 }
             }
-            if let Some(c) = cuda {
-                crate::cudameta::add(b, c);
-            }
         }
         self.shared.received.fetch_add(1, Ordering::Relaxed);
         if m.latency != NONE_U64 {
@@ -636,10 +665,11 @@ impl Worker {
             caps: frame.caps.clone(),
             arrival_ns,
             conn_serial: self.serial,
+            slot,
         })
     }
 
-    fn warn_copy(&self, conn: &Connection, held: usize, n: u64) {
+    fn warn_copy(&self, conn: &Subscriber, held: usize, n: u64) {
         let Some(el) = self.element.upgrade() else {
             return;
         };
@@ -656,49 +686,6 @@ impl Worker {
                 n
             ]
         );
-    }
-
-    /// The device address of a frame, registering its ring with CUDA the first time one of its
-    /// frames is seen (once per mapping, never per frame).
-    fn cuda_ptr(&self, frame: &Frame) -> Option<crate::cudameta::CudaPtr> {
-        let dev = self.cfg.cuda.as_ref()?;
-        let ring = frame.lease.ring();
-        if ring.attachment().is_none() {
-            let (base, len) = ring.mapping();
-            // SAFETY: the registration is attached to the mapping and dropped before it.
-            let att = unsafe { crate::cuda::register::register_mapping(dev, base, len, true) };
-            match att.downcast_ref::<crate::cuda::register::NotRegistered>() {
-                Some(why) => {
-                    if let Some(el) = self.element.upgrade() {
-                        gst::element_warning!(
-                            el,
-                            gst::ResourceError::Settings,
-                            (
-                                "Cannot register the ring with {} ({}); CUDA elements will copy each frame",
-                                dev.name,
-                                why.0
-                            )
-                        );
-                    }
-                }
-                None => gst::info!(
-                    CAT,
-                    "ring {} ({} MiB) registered read-only with {}",
-                    ring.ring_gen(),
-                    len >> 20,
-                    dev.name
-                ),
-            }
-            ring.attach(att);
-        }
-        let (device_ptr, device) =
-            crate::cuda::register::device_ptr_in(ring.attachment(), frame.ptr)?;
-        Some(crate::cudameta::CudaPtr {
-            device,
-            device_ptr,
-            size: frame.meta.payload_size,
-            read_only: true,
-        })
     }
 }
 
