@@ -652,6 +652,11 @@ impl Waker {
     pub fn wake(&self) {
         shm::notify(&self.0);
     }
+
+    /// Forgets a wake nobody consumed (the next wait blocks again).
+    pub fn clear(&self) {
+        shm::drain(&self.0);
+    }
 }
 
 impl Subscriber {

@@ -86,7 +86,7 @@ fn nul_terminated(mut image: Vec<u8>) -> Vec<u8> {
 
 fn compile(device: &Device) -> Result<SumKernels> {
     let mut failures = Vec::new();
-    if let Some(path) = std::env::var_os(KERNELS_ENV) {
+    if let Some(path) = std::env::var_os(KERNELS_ENV).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         let image = std::fs::read(&path).map_err(|e| {
             CudaError(format!(

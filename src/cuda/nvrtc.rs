@@ -153,7 +153,8 @@ pub fn compile(src: &str, cc: (i32, i32), output: Output) -> Result<Vec<u8>> {
         }
     }
     let g = Guard(n, prog);
-    let opts = [CString::new(arch.clone()).expect("no NUL"), c"-O3".into()];
+    // NVRTC optimises by default (it has no -O option).
+    let opts = [CString::new(arch.clone()).expect("no NUL")];
     let ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: `ptrs` holds valid C strings for the call.
     let s = unsafe { (n.compile)(g.1, ptrs.len() as c_int, ptrs.as_ptr()) };

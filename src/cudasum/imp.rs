@@ -288,7 +288,10 @@ impl BaseTransformImpl for CudaSum {
         decide_query: Option<&gst::query::Allocation>,
         query: &mut gst::query::Allocation,
     ) -> Result<(), gst::LoggableError> {
-        self.parent_propose_allocation(decide_query, query)?;
+        // Downstream may not answer (a sink that proposes nothing): we still ask upstream.
+        if let Err(e) = self.parent_propose_allocation(decide_query, query) {
+            gst::debug!(CAT, imp = self, "downstream's allocation answer: {e}");
+        }
         if self.state().gpu.is_none() {
             return Ok(());
         }

@@ -266,22 +266,22 @@ impl Worker {
                 return;
             }
         }
-        let mut conn =
-            match Subscriber::connect_with_waker(&self.cfg.path, &self.cfg.opts, &self.stop) {
-                Ok(c) => c,
-                Err(Error::Interrupted) => return,
-                Err(e) => {
-                    self.push(Item::Error(gst::error_msg!(
-                        gst::ResourceError::OpenRead,
-                        (
-                            "Could not connect to a gpushmsink at {}: {}",
-                            self.cfg.path.display(),
-                            e
-                        )
-                    )));
-                    return;
-                }
-            };
+        let opts = self.cfg.opts.clone();
+        let mut conn = match self.connect(opts) {
+            Ok(c) => c,
+            Err(Error::Interrupted) => return,
+            Err(e) => {
+                self.push(Item::Error(gst::error_msg!(
+                    gst::ResourceError::OpenRead,
+                    (
+                        "Could not connect to a gpushmsink at {}: {}",
+                        self.cfg.path.display(),
+                        e
+                    )
+                )));
+                return;
+            }
+        };
         gst::info!(
             CAT,
             "connected to {} as client {}",
@@ -360,6 +360,21 @@ impl Worker {
         }
     }
 
+    /// Connects with `opts`; a wake that is not a stop is a request for a writable ring made
+    /// while connecting: connect again asking for one.
+    fn connect(&mut self, mut opts: ConnectOptions) -> Result<Subscriber, Error> {
+        loop {
+            if self.shared.want_writable.load(Ordering::Acquire) {
+                self.cfg.opts.writable_ring = true;
+                opts.writable_ring = true;
+            }
+            match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
+                Err(Error::Interrupted) if !self.shared.queue().stopping => self.stop.clear(),
+                r => return r,
+            }
+        }
+    }
+
     /// Waits for a producer on the same path (reconnect=true). Buffers of the old producer
     /// stay valid downstream: they keep their mapping alive.
     fn reconnect(&mut self, why: &str) -> Option<Subscriber> {
@@ -378,7 +393,7 @@ impl Worker {
             timeout: Duration::MAX,
             ..self.cfg.opts.clone()
         };
-        match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
+        match self.connect(opts) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
