@@ -576,40 +576,6 @@ fn a_consumer_that_keeps_every_frame_gets_copies_and_never_blocks_render() {
     }
 }
 
-/// Speaks the protocol by hand: connects, says Hello, and returns the socket and what the
-/// Welcome carried.
-fn raw_client(
-    sock: &Path,
-) -> (
-    gstgpushm::ring::wire::Conn,
-    gstgpushm::ring::consumer::ConsumerChannel,
-    nix::sys::eventfd::EventFd,
-) {
-    use gstgpushm::ring::wire::{Conn, Message};
-    let mut conn = Conn::new(UnixStream::connect(sock).unwrap());
-    conn.send(
-        &Message::Hello {
-            flags: 0,
-            pid: 1,
-            name: "hostile".into(),
-        },
-        &[],
-    )
-    .unwrap();
-    let (m, mut fds) = conn
-        .recv_timeout(Duration::from_secs(5), None)
-        .unwrap()
-        .unwrap();
-    let Message::Welcome { queue_capacity, .. } = m else {
-        panic!("{m:?}")
-    };
-    let release = gstgpushm::ring::shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
-    let _ready = fds.pop().unwrap();
-    let ch = gstgpushm::ring::consumer::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
-        .unwrap();
-    (conn, ch, release)
-}
-
 #[test]
 fn a_client_that_releases_twice_is_disconnected_and_others_go_on() {
     init();
@@ -627,7 +593,12 @@ fn a_client_that_releases_twice_is_disconnected_and_others_go_on() {
             let _ = tx.send(v[1].get::<i32>().unwrap());
             None
         });
-    let (_conn, ch, release) = raw_client(&sock);
+    let RawClient {
+        conn: _conn,
+        ch,
+        release,
+        ..
+    } = raw_client(&sock, 0);
     let mut honest = src_harness(&sock, true);
     while sink.element().unwrap().property::<u32>("num-clients") < 2 {
         std::thread::sleep(Duration::from_millis(5));

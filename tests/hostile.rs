@@ -9,7 +9,7 @@ mod common;
 use common::*;
 
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use gst::glib::translate::IntoGlib;
 use gst::prelude::*;
-use gstgpushm::ring::consumer::ConsumerChannel;
 use gstgpushm::ring::layout::MAX_PLANES;
 use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing, TimeCode};
 use gstgpushm::ring::shm;
@@ -108,51 +107,10 @@ fn fd_count(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-/// A client speaking the protocol by hand.
-struct Raw {
-    _conn: Conn,
-    ch: ConsumerChannel,
-    release: EventFd,
-    ring: Option<(OwnedFd, u32)>,
-}
+type Raw = RawClient;
 
 fn raw_connect(sock: &Path, flags: u32) -> Raw {
-    let mut conn = Conn::new(UnixStream::connect(sock).expect("connect"));
-    conn.send(
-        &Message::Hello {
-            flags,
-            pid: std::process::id(),
-            name: "hostile".into(),
-        },
-        &[],
-    )
-    .unwrap();
-    let (m, mut fds) = conn
-        .recv_timeout(Duration::from_secs(5), None)
-        .unwrap()
-        .unwrap();
-    let Message::Welcome { queue_capacity, .. } = m else {
-        panic!("expected Welcome, got {m:?}")
-    };
-    let release = shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
-    let _ready = fds.pop().unwrap();
-    let ch = ConsumerChannel::open(fds.pop().unwrap(), queue_capacity).unwrap();
-    let mut ring = None;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while ring.is_none() && Instant::now() < deadline {
-        if let Some((Message::Ring { flags, .. }, mut fds)) = conn
-            .recv_timeout(Duration::from_millis(200), None)
-            .unwrap_or(None)
-        {
-            ring = Some((fds.pop().unwrap(), flags));
-        }
-    }
-    Raw {
-        _conn: conn,
-        ch,
-        release,
-        ring,
-    }
+    raw_client(sock, flags).recv_ring()
 }
 
 /// Takes the next frame delivered to a raw client.

@@ -275,3 +275,62 @@ pub fn wait_for_path(path: &Path, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A client speaking the protocol by hand (for hostile tests): Hello sent, Welcome read.
+pub struct RawClient {
+    pub conn: gstgpushm::ring::wire::Conn,
+    pub ch: gstgpushm::ring::consumer::ConsumerChannel,
+    pub release: nix::sys::eventfd::EventFd,
+    /// The first ring announced (descriptor and flags), once asked for with `recv_ring`.
+    pub ring: Option<(std::os::fd::OwnedFd, u32)>,
+}
+
+/// Connects to `sock` and says Hello with `flags`.
+pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
+    use gstgpushm::ring::wire::{Conn, Message};
+    let mut conn = Conn::new(std::os::unix::net::UnixStream::connect(sock).expect("connect"));
+    conn.send(
+        &Message::Hello {
+            flags,
+            pid: std::process::id(),
+            name: "hostile".into(),
+        },
+        &[],
+    )
+    .unwrap();
+    let (m, mut fds) = conn
+        .recv_timeout(Duration::from_secs(5), None)
+        .unwrap()
+        .unwrap();
+    let Message::Welcome { queue_capacity, .. } = m else {
+        panic!("expected Welcome, got {m:?}")
+    };
+    let release = gstgpushm::ring::shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
+    let _ready = fds.pop().unwrap();
+    let ch = gstgpushm::ring::consumer::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
+        .unwrap();
+    RawClient {
+        conn,
+        ch,
+        release,
+        ring: None,
+    }
+}
+
+impl RawClient {
+    /// Waits up to 5 s for the producer's Ring message and keeps its descriptor.
+    pub fn recv_ring(mut self) -> Self {
+        use gstgpushm::ring::wire::Message;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.ring.is_none() && Instant::now() < deadline {
+            if let Some((Message::Ring { flags, .. }, mut fds)) = self
+                .conn
+                .recv_timeout(Duration::from_millis(200), None)
+                .unwrap_or(None)
+            {
+                self.ring = Some((fds.pop().unwrap(), flags));
+            }
+        }
+        self
+    }
+}
