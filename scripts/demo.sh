@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MPL-2.0
 # Two processes share 1080p60 NV12 live video through gpushm: a gst-launch-1.0 producer
-# (videotestsrc ! gpushmsink) and a consumer app (gpushmsrc ! appsink, examples/frame_checker)
+# (videotestsrc ! gpushmsink) and a consumer app (gpushmsrc ! appsink, tests/helpers/frame_checker.rs)
 # that prints the delivered frame rate and the cross-process latency. The consumer runs cudasum
 # (backend=auto): on a machine with an NVIDIA GPU it sums every frame on the GPU, reading it in
 # place from the shared ring, and checks each sum against the CPU; without a GPU it says so and

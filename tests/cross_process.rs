@@ -356,3 +356,30 @@ fn rust_consumer_prints_per_frame_sums() {
         assert!(l.contains(" plane_sums=136 "), "{l}");
     }
 }
+
+/// The smallest app example (examples/app_consumer.rs) receives frames from a live producer
+/// and prints them: format, size and content as sent (white GRAY8 is 235, video range).
+#[test]
+fn app_consumer_example_prints_the_frames() {
+    let dir = tmpdir();
+    let sock = dir.path().join("app.sock");
+    let p = gst_launch(&format!(
+        "videotestsrc is-live=true pattern=white num-buffers=300 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={}",
+        sock.display()
+    ));
+    let producer = Proc::spawn(p, "producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut c = example("app_consumer");
+    c.args([sock.to_str().unwrap(), "5"]);
+    let (status, out) = Proc::spawn(c, "app_consumer").finish(Duration::from_secs(30));
+    drop(producer);
+    assert!(status.success(), "{}", out.join("\n"));
+    let frames: Vec<&String> = out.iter().filter(|l| l.starts_with("frame ")).collect();
+    assert_eq!(frames.len(), 5, "{}", out.join("\n"));
+    for l in frames {
+        assert!(
+            l.contains(": Gray8 64x48 ") && l.ends_with("bytes 3072 mean byte 235"),
+            "{l}"
+        );
+    }
+}

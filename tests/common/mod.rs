@@ -35,7 +35,8 @@ fn build_dir() -> PathBuf {
         .to_owned()
 }
 
-/// An example binary (target/<profile>/examples/NAME, or .device/examples/NAME).
+/// A binary built as a cargo example: the test tools of tests/helpers/ and the examples
+/// (target/<profile>/examples/NAME, or .device/examples/NAME).
 pub fn example(name: &str) -> Command {
     let path = build_dir().join("examples").join(name);
     assert!(

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! A producer app that embeds gpushm: it takes buffers from gpushmsink's own pool (so frames
+//! Test tool (the suite reads its output; see examples/ for code to copy): a producer that takes buffers from gpushmsink's own pool (so frames
 //! are rendered straight into shared memory), fills each with a pattern that depends on the
 //! frame number, and pushes them through appsrc.
 //!

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! A consumer app: `gpushmsrc ! appsink`, with no caps given. It reports the caps it got, the
+//! Test tool (the suite reads its output; see examples/ for code to copy): `gpushmsrc ! appsink`, with no caps given. It reports the caps it got, the
 //! delivered frame rate and the cross-process latency (from the producer's publish stamp to
 //! arrival here, both CLOCK_MONOTONIC), and with --verify checks every byte of every frame
 //! against the pattern of pattern_producer. PTS must never lie in the future of the pipeline's
