@@ -6,7 +6,7 @@
 CARGO ?= cargo
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
-.PHONY: all deps build demo test check clean
+.PHONY: all deps build demo test check clean python-test
 
 all: build
 
@@ -21,7 +21,7 @@ demo: build
 
 check: deps
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --all-targets --locked -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
 # meson builds the plugin's .so (the gst-launch-1.0 tests load it), `meson test` runs
 # `cargo test`, and the install into a scratch DESTDIR is checked.
@@ -31,6 +31,16 @@ test: check
 	meson test -C builddir --verbose
 	scratch=$$(mktemp -d) && DESTDIR=$$scratch meson install -C builddir --no-rebuild --quiet && \
 	  find $$scratch -path '*/gstreamer-1.0/libgstgpushm.so' | grep -q . && rm -rf $$scratch
+	$(MAKE) python-test
+
+# The Python package, installed as the README says (pip install ./python) into a venv of its
+# own, then its tests (the GPU ones are marked and deselected here).
+PYVENV := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/pyvenv
+python-test:
+	[ -x $(PYVENV)/bin/pip ] || python3 -m venv $(PYVENV)
+	$(PYVENV)/bin/pip install -q pytest numpy
+	$(PYVENV)/bin/pip install -q --force-reinstall --no-deps ./python
+	cd python/tests && $(PYVENV)/bin/pytest -q -p no:cacheprovider -m "not gpu" .
 
 clean:
 	$(CARGO) clean

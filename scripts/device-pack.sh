@@ -40,3 +40,12 @@ cat > "$out/fonts/fonts.conf" <<'CONF'
 <alias><family>sans-serif</family><prefer><family>DejaVu Sans</family></prefer></alias></fontconfig>
 CONF
 echo 'export FONTCONFIG_FILE=$here/fonts/fonts.conf' >> "$out/env.sh"
+# The Python package (an abi3 wheel) and pytest, for the Python tests there:
+#   python3 -m venv --system-site-packages /tmp/v
+#   /tmp/v/bin/pip install --no-index --find-links .device/wheels gpushm pytest
+#   cd python/tests && /tmp/v/bin/pytest -v .      (the GPU ones included)
+mkdir -p "$out/wheels"
+venv=${CARGO_TARGET_DIR:-$here/target}/pyvenv
+[ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
+"$venv/bin/pip" wheel -q --no-deps -w "$out/wheels" ./python
+"$venv/bin/pip" download -q --only-binary=:all: --python-version 3.12 -d "$out/wheels" pytest

@@ -28,6 +28,10 @@ py=/usr/bin/python3; [ -x "$py" ] || py=python3
 "$py" -c 'import gi; gi.require_version("GstApp", "1.0")' >/dev/null 2>&1 ||
   pkgs+=(python3-gi gir1.2-gstreamer-1.0 gir1.2-gst-plugins-base-1.0)
 
+# make test builds the Python package in a venv.
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
+gst-inspect-1.0 checksumsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
+
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "Installing: ${pkgs[*]}"
   export DEBIAN_FRONTEND=noninteractive

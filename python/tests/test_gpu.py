@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: MPL-2.0
+"""On a CUDA machine with PyTorch and CuPy: frames reach the GPU libraries in place.
+
+Marked `gpu` (deselected by `make test`); on the GPU machine: `pytest -m gpu`. Without a GPU,
+PyTorch or CuPy they fail, saying why: they never pass vacuously.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpushm
+from conftest import gst_env, wait_for
+
+pytestmark = pytest.mark.gpu
+
+
+def live(launch, sock, fmt, w, h, n=300, slots=8):
+    launch(
+        f"videotestsrc is-live=true num-buffers={n} pattern=ball ! video/x-raw,format={fmt},width={w},height={h},framerate=60/1 "
+        f"! gpushmsink socket-path={sock} slots={slots}"
+    )
+    wait_for(sock)
+
+
+def test_torch_and_cupy_alias_the_registered_ring(launch, sock):
+    import cupy
+    import torch
+
+    live(launch, sock, "RGBA", 1280, 720)
+    before = gpushm.cuda_registrations()
+    with gpushm.Subscriber(sock) as sub:
+        f = sub.next_frame()
+        cpu = int(f.numpy().sum(dtype=np.int64))
+        addr = f.__cuda_array_interface__["data"][0]
+        t = torch.from_dlpack(f)
+        assert t.is_cuda and t.dtype == torch.uint8 and tuple(t.shape) == (720, 1280, 4)
+        assert t.data_ptr() == addr, "torch got the ring's device address: no copy"
+        assert int(t.sum(dtype=torch.int64)) == cpu
+        c = cupy.asarray(f)  # __cuda_array_interface__
+        assert c.data.ptr == addr
+        assert int(c.sum(dtype=cupy.int64)) == cpu
+        d = cupy.from_dlpack(f)
+        assert d.data.ptr == addr
+        print(f"RGBA 720p: device address {addr:#x}, GPU sum {cpu} = NumPy's")
+        for _ in range(30):
+            g = sub.next_frame()
+            assert int(torch.from_dlpack(g).sum(dtype=torch.int64)) == int(g.numpy().sum(dtype=np.int64))
+    assert gpushm.cuda_registrations() == before + 1, "one registration for the ring, none per frame"
+
+
+def test_planar_frames_go_to_the_gpu_plane_by_plane(launch, sock):
+    import torch
+
+    live(launch, sock, "NV12", 1920, 1080)
+    with gpushm.Subscriber(sock) as sub:
+        f = sub.next_frame()
+        with pytest.raises(TypeError, match="cuda_planes"):
+            torch.from_dlpack(f)
+        for view, plane in zip(f.cuda_planes(), f.planes):
+            t = torch.from_dlpack(view)
+            assert tuple(t.shape) == plane.shape and t.stride() == tuple(s for s in plane.strides)
+            assert int(t.sum(dtype=torch.int64)) == int(plane.sum(dtype=np.int64))
+
+
+def test_a_frame_held_by_a_tensor_is_not_reused(launch, sock):
+    import torch
+
+    live(launch, sock, "GRAY8", 640, 480, slots=6)
+    with gpushm.Subscriber(sock) as sub:
+        f = sub.next_frame()
+        t = torch.from_dlpack(f)
+        snapshot = t.cpu().clone()
+        del f  # only the tensor holds the frame now
+        for _ in range(40):  # far more frames than the 6 slots
+            sub.next_frame().release()
+        assert torch.equal(t.cpu(), snapshot), "a frame held by a tensor was overwritten"
+
+
+def test_no_cuda_context_without_gpu_use(launch, sock):
+    live(launch, sock, "GRAY8", 640, 480)
+    code = (
+        "import gpushm, sys\n"
+        f"sub = gpushm.Subscriber({sock!r})\n"
+        "for _ in range(10): sub.next_frame().numpy().sum()\n"
+        "assert 'libcuda' not in open('/proc/self/maps').read(), 'libcuda was loaded'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=gst_env())

@@ -1,0 +1,202 @@
+# SPDX-License-Identifier: MPL-2.0
+"""gpushm's Python package against real gst-launch-1.0 processes (no GStreamer in this one)."""
+
+import hashlib
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import gpushm
+from conftest import checksums, wait_for
+
+FORMATS = ["I420", "NV12", "RGBA", "GRAY8"]
+
+
+def producer_with_checksums(launch, sock, fmt, n, w=320, h=240):
+    """videotestsrc → (gpushmsink, checksumsink): the sha1 of every frame published."""
+    return launch(
+        f"videotestsrc num-buffers={n} pattern=ball ! video/x-raw,format={fmt},width={w},height={h},framerate=30/1 "
+        f"! tee name=t ! queue ! gpushmsink socket-path={sock} wait-for-connection=true sync=false "
+        f"t. ! queue ! checksumsink"
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_frames_are_byte_exact_against_checksumsink(launch, sock, fmt):
+    # The tee makes gpushmsink copy each frame into its ring, visible bytes only: sizes whose
+    # rows have no padding, so that checksumsink's hash of the source covers the same bytes.
+    p = producer_with_checksums(launch, sock, fmt, 20, w=320, h=240)
+    wait_for(sock)
+    got = []
+    with gpushm.Subscriber(sock, lossless=True) as sub:
+        for frame in sub:
+            assert frame.format == fmt and (frame.width, frame.height) == (320, 240)
+            assert f"format=(string){fmt}" in frame.caps
+            got.append(hashlib.sha1(bytes(frame)).hexdigest())
+            # The planes are views of the same bytes, with the producer's strides.
+            for plane in frame.planes:
+                assert plane.dtype == np.uint8 and plane.ndim == 2
+    assert got == checksums(p.finish())
+    assert len(got) == 20
+
+
+def test_views_are_read_only_and_not_copies(launch, sock):
+    launch(f"videotestsrc is-live=true num-buffers=100 ! video/x-raw,format=RGBA,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={sock}")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub:
+        frame = sub.next_frame()
+        a = frame.numpy()
+        assert a.shape == (48, 64, 4) and a.strides == (256, 4, 1)
+        assert not a.flags.writeable and not a.flags.owndata
+        with pytest.raises(ValueError):
+            a[0, 0, 0] = 1
+        # Every view of the frame is the same memory.
+        b = np.asarray(frame)
+        p0 = frame.planes[0]
+        addr = a.__array_interface__["data"][0]
+        assert b.__array_interface__["data"][0] == addr
+        assert p0.__array_interface__["data"][0] == addr
+        assert isinstance(a.base, gpushm.FrameView)
+
+
+def test_a_held_frame_stays_valid_while_the_producer_goes_on(launch, sock):
+    launch(f"videotestsrc is-live=true num-buffers=200 pattern=ball ! video/x-raw,format=GRAY8,width=160,height=120,framerate=60/1 ! gpushmsink socket-path={sock} slots=6")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub:
+        held = sub.next_frame()
+        view = held.planes[0]
+        snapshot = view.copy()
+        offsets = []
+        for _ in range(40):  # far more frames than the ring's 6 slots
+            f = sub.next_frame()
+            offsets.append(f.offset)
+            assert not np.array_equal(f.planes[0], snapshot) or f.offset == held.offset
+            f.release()
+        assert np.array_equal(view, snapshot), "a held frame was overwritten"
+        held.release()
+        # Released: the frame refuses new views, the view made before still reads its frame.
+        with pytest.raises(gpushm.Error, match="released"):
+            held.numpy()
+        assert np.array_equal(view, snapshot)
+
+
+def test_lossless_gets_every_frame_and_leaky_drops(launch, sock):
+    launch(f"videotestsrc num-buffers=60 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={sock} wait-for-connection=true")
+    wait_for(sock)
+    with gpushm.Subscriber(sock, lossless=True) as sub:
+        offsets = []
+        for f in sub:
+            offsets.append(f.offset)
+            time.sleep(0.005)  # slower than the producer (not live: flat out)
+    assert offsets == list(range(60))
+
+
+def test_a_slow_leaky_subscriber_drops_and_says_so(launch, sock):
+    launch(f"videotestsrc is-live=true num-buffers=300 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=100/1 ! gpushmsink socket-path={sock}")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub:
+        offsets = [sub.next_frame().offset]
+        for _ in range(10):
+            time.sleep(0.1)  # ten frames' time
+            offsets.append(sub.next_frame().offset)
+        assert sub.dropped > 0
+    assert any(b - a > 1 for a, b in zip(offsets, offsets[1:])), offsets
+
+
+def test_producer_kill9_raises_producer_lost_within_a_second(launch, sock):
+    p = launch(f"videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={sock}")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub:
+        sub.next_frame()
+        p.p.send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(gpushm.ProducerLost, match="went away"):
+            while True:
+                sub.next_frame(timeout=5)
+        assert time.monotonic() - t0 < 1.0
+
+
+def test_no_producer_is_a_timeout(sock):
+    t0 = time.monotonic()
+    with pytest.raises(gpushm.Timeout):
+        gpushm.Subscriber(sock, timeout=0.3)
+    assert time.monotonic() - t0 < 2
+
+
+def test_eos_ends_iteration_and_next_frame_raises(launch, sock):
+    launch(f"videotestsrc num-buffers=5 ! video/x-raw,format=GRAY8,width=64,height=48 ! gpushmsink socket-path={sock} wait-for-connection=true")
+    wait_for(sock)
+    with gpushm.Subscriber(sock, lossless=True) as sub:
+        assert len([f.offset for f in sub]) == 5
+        with pytest.raises(gpushm.EndOfStream):
+            sub.next_frame(timeout=1)
+
+
+def test_fileno_works_with_selectors(launch, sock):
+    launch(f"videotestsrc is-live=true num-buffers=100 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={sock}")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub, selectors.DefaultSelector() as sel:
+        sel.register(sub.fileno(), selectors.EVENT_READ)
+        got = 0
+        deadline = time.monotonic() + 5
+        while got < 5 and time.monotonic() < deadline:
+            if sel.select(timeout=1):
+                try:
+                    sub.next_frame(timeout=0)
+                    got += 1
+                except gpushm.Timeout:
+                    pass  # news on the socket, not a frame
+        assert got == 5
+
+
+@pytest.mark.parametrize("fmt", ["RGBA", "NV12"])
+def test_python_publisher_to_gpushmsrc_is_byte_exact(launch, sock, fmt):
+    w, h, n = 64, 48, 10
+    rng = np.random.default_rng(1)
+    with gpushm.Publisher(sock, fmt, w, h, fps=30) as pub:
+        c = launch(f"gpushmsrc socket-path={sock} lossless=true num-buffers={n} ! checksumsink")
+        deadline = time.monotonic() + 10
+        while pub.num_clients == 0:
+            assert time.monotonic() < deadline, "gpushmsrc never connected"
+            time.sleep(0.01)
+        size = w * h * 4 if fmt == "RGBA" else w * h * 3 // 2
+        sent = []
+        for i in range(n):
+            if i % 2 == 0:
+                data = rng.integers(0, 256, size, dtype=np.uint8)
+                pub.publish(data)
+            else:
+                # Zero-copy: fill a slot in place.
+                slot = pub.acquire()
+                data = np.empty(0, dtype=np.uint8)
+                for plane in slot.planes:
+                    plane[...] = rng.integers(0, 256, plane.shape, dtype=np.uint8)
+                    data = np.concatenate([data, plane.ravel()])
+                pub.publish(slot)
+            sent.append(hashlib.sha1(data.tobytes()).hexdigest())
+        out = c.finish(timeout=20)
+    assert checksums(out) == sent
+
+
+def test_importing_gpushm_loads_no_gstreamer():
+    code = (
+        "import sys, gpushm; "
+        "bad = [m for m in sys.modules if m == 'gi' or m.startswith('gi.') or 'gst' in m.lower()]; "
+        "assert not bad, bad; "
+        "maps = open('/proc/self/maps').read(); "
+        "assert 'libgst' not in maps and 'libglib' not in maps and 'libcuda' not in maps, 'a library was loaded'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bad_arguments_say_why(sock):
+    with pytest.raises(ValueError, match="not one of"):
+        gpushm.Publisher(sock, "YUY2", 64, 48)
+    with pytest.raises(ValueError, match="timeout"):
+        gpushm.Subscriber(sock, timeout=-5)
