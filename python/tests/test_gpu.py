@@ -17,7 +17,7 @@ from conftest import gst_env, wait_for
 pytestmark = pytest.mark.gpu
 
 
-def live(launch, sock, fmt, w, h, n=300, slots=8):
+def live(launch, sock, fmt, w, h, n=3000, slots=8):
     launch(
         f"videotestsrc is-live=true num-buffers={n} pattern=ball ! video/x-raw,format={fmt},width={w},height={h},framerate=60/1 "
         f"! gpushmsink socket-path={sock} slots={slots}"
