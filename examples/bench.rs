@@ -88,7 +88,12 @@ fn produce(args: &[String]) -> Result<(), String> {
     let frames = num(args, "--frames", 100);
     let fps = num(args, "--fps", 0);
     let copy = args.iter().any(|a| a == "--copy");
-    let size = w * h * 3 / 2;
+    let format = arg(args, "--format").unwrap_or_else(|| "NV12".into());
+    let size = if format == "GRAY8" {
+        w * h
+    } else {
+        w * h * 3 / 2
+    };
     let live = fps > 0;
     // A live source paces itself; no sink waits on the clock, so latency is the transport's.
     let sink = match transport.as_str() {
@@ -99,7 +104,7 @@ fn produce(args: &[String]) -> Result<(), String> {
     };
     let launch = format!(
         "videotestsrc pattern=solid-color foreground-color=0xff3060a0 is-live={live} num-buffers={frames} \
-         ! video/x-raw,format=NV12,width={w},height={h},framerate={}/1 {} ! {sink}",
+         ! video/x-raw,format={format},width={w},height={h},framerate={}/1 {} ! {sink}",
         if live { fps } else { 30 },
         if copy { "! identity drop-allocation=true" } else { "" },
     );
@@ -164,6 +169,7 @@ fn consume(args: &[String]) -> Result<(), String> {
     let socket = arg(args, "--socket").unwrap_or_default();
     let (w, h) = (num(args, "--width", 1920), num(args, "--height", 1080));
     let frames = num(args, "--frames", 100);
+    let format = arg(args, "--format").unwrap_or_else(|| "NV12".into());
     let cudasum = if args.iter().any(|a| a == "--cudasum") {
         "cudasum backend=cuda ! "
     } else {
@@ -171,7 +177,7 @@ fn consume(args: &[String]) -> Result<(), String> {
     };
     let src = match transport.as_str() {
         "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false"),
-        "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format=NV12,width={w},height={h},framerate=30/1"),
+        "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format={format},width={w},height={h},framerate=30/1"),
         _ => format!("unixfdsrc name=src socket-path={socket}"),
     };
     let launch = format!("{src} ! {cudasum}fakesink name=sink sync=false");
@@ -273,6 +279,74 @@ fn consume(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The wake-up floor, waiting side: blocks in poll() on an inherited eventfd whose counter the
+/// writer sets to its CLOCK_MONOTONIC time, and reports how late each wake-up came.
+fn floor_wait(args: &[String]) -> Result<(), String> {
+    use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+    let fd = num(args, "--fd", u64::MAX);
+    let frames = num(args, "--frames", 90);
+    let fd = i32::try_from(fd).map_err(|_| "--fd N is required")?;
+    // SAFETY: the parent handed us this eventfd and nothing else uses it here.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let efd: BorrowedFd<'_> = owned.as_fd();
+    println!("READY");
+    let mut lat = Vec::new();
+    while (lat.len() as u64) < frames {
+        let mut pfd = [nix::poll::PollFd::new(efd, nix::poll::PollFlags::POLLIN)];
+        nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(5000u16))
+            .map_err(|e| format!("poll: {e}"))?;
+        let mut buf = [0u8; 8];
+        if nix::unistd::read(efd, &mut buf).map_err(|e| format!("read: {e}"))? != 8 {
+            return Err("short read".into());
+        }
+        let t = now();
+        lat.push(t.saturating_sub(u64::from_ne_bytes(buf)));
+    }
+    lat.sort_unstable();
+    println!(
+        "FLOOR p50_us={:.1} p99_us={:.1}",
+        percentile(&lat, 0.5) as f64 / 1e3,
+        percentile(&lat, 0.99) as f64 / 1e3
+    );
+    Ok(())
+}
+
+/// The latency no transport can avoid on this machine: one process writes an eventfd at `fps`,
+/// another blocked in poll() wakes. Measured in the same run as the transports.
+fn floor(fps: u64, frames: u64) -> Option<Fields> {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    // Inherited by the child: no CLOEXEC.
+    let efd =
+        nix::sys::eventfd::EventFd::from_value_and_flags(0, nix::sys::eventfd::EfdFlags::empty())
+            .ok()?;
+    let mut child = Command::new(std::env::current_exe().ok()?)
+        .args([
+            "floor-wait",
+            "--fd",
+            &efd.as_raw_fd().to_string(),
+            "--frames",
+            &frames.to_string(),
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .ok()?;
+    let mut out = std::io::BufReader::new(child.stdout.take()?);
+    let mut line = String::new();
+    out.read_line(&mut line).ok()?;
+    let period = Duration::from_nanos(1_000_000_000 / fps.max(1));
+    let mut next = std::time::Instant::now() + period;
+    for _ in 0..frames {
+        std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+        next += period;
+        let _ = efd.write(now());
+    }
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut out, &mut rest);
+    let _ = child.wait();
+    parse(&rest, "FLOOR ")
+}
+
 type Fields = std::collections::HashMap<String, String>;
 
 fn parse(out: &str, prefix: &str) -> Option<Fields> {
@@ -298,8 +372,22 @@ struct Run {
     consumer: Option<Fields>,
 }
 
-/// One producer process and (unless `transport` is "none") one consumer process.
+/// One producer process and (unless `transport` is "none") one consumer process, NV12.
 fn run(transport: &str, w: u64, h: u64, frames: u64, fps: u64, copy: bool, cudasum: bool) -> Run {
+    run_format(transport, "NV12", w, h, frames, fps, copy, cudasum)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_format(
+    transport: &str,
+    format: &str,
+    w: u64,
+    h: u64,
+    frames: u64,
+    fps: u64,
+    copy: bool,
+    cudasum: bool,
+) -> Run {
     let exe = std::env::current_exe().expect("current_exe");
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("bench.sock");
@@ -314,6 +402,8 @@ fn run(transport: &str, w: u64, h: u64, frames: u64, fps: u64, copy: bool, cudas
             &h.to_string(),
             "--frames",
             &frames.to_string(),
+            "--format",
+            format,
         ]);
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
@@ -504,9 +594,11 @@ fn orchestrate(plot_path: &str) {
         println!("unixfdsink/unixfdsrc: not installed (GStreamer >= 1.24), skipped.");
     }
     println!("\n## Throughput (producer flat out, lossless consumer) and latency (30 fps live)\n");
-    println!("| size | mode | transport | producer alone fps | delivered fps | % | latency p50 / p99 / max µs (30 fps live) | CPU µs/frame: producer alone / producer / consumer | peak RSS producer / consumer MiB |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("The floor: one process writes an eventfd at 30 Hz, another blocked in poll() wakes (measured before each size's runs); overhead = latency p50 - floor p50.\n");
+    println!("| size | mode | transport | producer alone fps | delivered fps | % | latency p50 / p99 / max µs (30 fps live) | floor p50 / p99 µs | overhead p50 µs | CPU µs/frame: producer alone / producer / consumer | peak RSS producer / consumer MiB |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (size, (name, w, h, frames)) in sizes.into_iter().enumerate() {
+        let fl = floor(30, 90);
         let alone = run("none", w, h, frames, 0, false, false);
         let own = f(&alone.producer, "fps");
         for copy in [false, true] {
@@ -524,11 +616,14 @@ fn orchestrate(plot_path: &str) {
                     p99: f(&lat.consumer, "p99_us"),
                 });
                 println!(
-                    "| {name} | {mode} | {t} | {own:.0} | {delivered:.0} | {:.0} % | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} |",
+                    "| {name} | {mode} | {t} | {own:.0} | {delivered:.0} | {:.0} % | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} / {:.0} / {:.0} | {:.0} / {:.0} |",
                     100.0 * delivered / own,
                     f(&lat.consumer, "p50_us"),
                     f(&lat.consumer, "p99_us"),
                     f(&lat.consumer, "max_us"),
+                    f(&fl, "p50_us"),
+                    f(&fl, "p99_us"),
+                    f(&lat.consumer, "p50_us") - f(&fl, "p50_us"),
                     f(&alone.producer, "cpu_us_per_frame"),
                     f(&tput.producer, "cpu_us_per_frame"),
                     f(&tput.consumer, "cpu_us_per_frame"),
@@ -538,6 +633,7 @@ fn orchestrate(plot_path: &str) {
             }
         }
     }
+    tiny_frames();
     let title = format!(
         "gpushm vs shmsink/shmsrc, NV12: {} CPUs ({machine})",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -549,6 +645,27 @@ fn orchestrate(plot_path: &str) {
     match gstgpushm::cuda::driver() {
         Err(e) => println!("\nGPU mode skipped: {e}"),
         Ok(_) => gpu_mode(),
+    }
+}
+
+/// The transport's own cost: 64x64 GRAY8 frames (4 KiB), producer flat out, lossless consumer.
+fn tiny_frames() {
+    println!("\n## Tiny frames: 64x64 GRAY8, producer flat out, lossless consumer\n");
+    println!(
+        "| transport | producer alone fps | delivered fps | CPU µs/frame: producer / consumer |"
+    );
+    println!("|---|---|---|---|");
+    let frames = 20_000;
+    let alone = run_format("none", "GRAY8", 64, 64, frames, 0, false, false);
+    for t in ["gpushm", "shm"] {
+        let r = run_format(t, "GRAY8", 64, 64, frames, 0, false, false);
+        println!(
+            "| {t} | {:.0} | {:.0} | {:.1} / {:.1} |",
+            f(&alone.producer, "fps"),
+            f(&r.consumer, "fps"),
+            f(&r.producer, "cpu_us_per_frame"),
+            f(&r.consumer, "cpu_us_per_frame"),
+        );
     }
 }
 
@@ -598,6 +715,11 @@ fn main() {
     let r = match args.get(1).map(String::as_str) {
         Some("produce") => produce(&args),
         Some("consume") => consume(&args),
+        Some("floor-wait") => floor_wait(&args),
+        Some("tiny") => {
+            tiny_frames();
+            Ok(())
+        }
         _ => {
             orchestrate(&arg(&args, "--plot").unwrap_or_else(|| "bench.png".into()));
             Ok(())

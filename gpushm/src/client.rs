@@ -730,7 +730,9 @@ impl Subscriber {
     /// takes), `Err(Error::Interrupted)` when woken ([`Self::waker`]), `Err(Disconnected)`
     /// or another error when the producer went away.
     pub fn next_frame(&mut self, timeout: Option<Duration>) -> Result<Option<Frame>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A timeout too large to add is no timeout.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut polled = false;
         loop {
             if let Some(f) = self.conn.try_next()? {
                 return Ok(Some(f));
@@ -739,9 +741,13 @@ impl Subscriber {
                 return Ok(None);
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if left.is_some_and(|l| l.is_zero()) {
+            // Poll at least once, even with no time left: that takes note of what the
+            // descriptors say (a frame, EOS, the producer's end), so an event loop that calls
+            // with a zero timeout when they are readable does not spin.
+            if polled && left.is_some_and(|l| l.is_zero()) {
                 return Err(Error::Timeout("no frame from the producer".into()));
             }
+            polled = true;
             match self.conn.wait(self.wake.as_fd(), left)? {
                 Wait::Woken => {
                     shm::drain(&self.wake);

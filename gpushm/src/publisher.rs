@@ -1372,7 +1372,10 @@ impl FramePublisher {
     /// A free slot to fill, waiting up to `timeout` for one (consumers hold them all).
     pub fn acquire(&self, timeout: Duration) -> Result<SlotLease> {
         let cur = self.cur();
-        let deadline = Instant::now() + timeout;
+        // A timeout too large to add waits for a century.
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
         let mut f = cur.free.0.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(slot) = f.pop() {

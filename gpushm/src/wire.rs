@@ -519,7 +519,9 @@ impl Conn {
         timeout: Duration,
         wake: Option<BorrowedFd<'_>>,
     ) -> Result<Option<(Message, Vec<OwnedFd>)>> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now()
+            .checked_add(timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
         loop {
             if let Some(m) = self.try_recv()? {
                 return Ok(Some(m));

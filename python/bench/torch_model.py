@@ -51,6 +51,7 @@ def publish_flat_out(sock, w, h):
         if n < 8:  # render once per slot; later frames reuse what the slot holds
             plane = slot.planes[0]
             plane[...] = np.random.default_rng(n).integers(0, 256, plane.shape, dtype=np.uint8)
+            del plane  # no view may outlive the slot's publication
         pub.publish(slot)
         n += 1
 

@@ -18,7 +18,7 @@ use gpushm::frame::FrameMeta;
 use gpushm::layout::NONE_U64;
 use gpushm::publisher::{Config, FramePublisher, SlotLease as PublishLease};
 use gpushm::Error as CoreError;
-use pyo3::exceptions::{PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTimeoutError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
@@ -65,7 +65,10 @@ fn to_py(e: CoreError) -> PyErr {
 fn secs(t: Option<f64>) -> PyResult<Option<Duration>> {
     match t {
         None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        // Beyond what a Duration holds: as good as forever.
+        Some(s) if s >= 0.0 => Ok(Some(
+            Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX),
+        )),
         Some(s) => Err(PyValueError::new_err(format!(
             "timeout must be a number of seconds ≥ 0 or None, not {s}"
         ))),
@@ -191,14 +194,25 @@ impl View {
         dl_device: Option<Bound<'py, PyAny>>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (stream, max_version, dl_device);
+        // Host memory registered with CUDA, written before the frame was published: there is
+        // nothing to order on the consumer's stream.
+        let _ = (stream, max_version);
         if copy == Some(true) {
-            return Err(PyValueError::new_err(
+            return Err(PyBufferError::new_err(
                 "gpushm frames are exported without copies (copy=True is not supported)",
             ));
         }
         let py = slf.py();
         let this = slf.get();
+        if let Some(d) = dl_device.as_ref().filter(|d| !d.is_none()) {
+            let want: (i32, i32) = d.extract()?;
+            if want != (dlpack::KDL_CUDA, this.frame()?.cuda_device) {
+                return Err(PyBufferError::new_err(format!(
+                    "gpushm frames are on CUDA device {}; dl_device {want:?} would need a copy",
+                    this.frame()?.cuda_device
+                )));
+            }
+        }
         let (dev_ptr, device) = this.device_ptr(py)?;
         dlpack::capsule(
             py,
@@ -249,6 +263,10 @@ impl View {
 #[pyclass(module = "gpushm", name = "Frame", frozen)]
 struct Frame {
     data: Mutex<Option<Arc<FrameData>>>,
+    /// Set when the frame itself was handed out through `__cuda_array_interface__`: the array
+    /// made from it references this Frame, not a view, so the lease stays until the Frame is
+    /// garbage-collected, whatever release() says.
+    pinned: Mutex<Option<Arc<FrameData>>>,
     /// Copied out, so they stay readable after release().
     meta: FrameMeta,
     seq: u64,
@@ -363,11 +381,20 @@ impl Frame {
         asarray(py, self.view(data.frame_geometry())?)
     }
 
-    /// The same as `numpy()`, for `numpy.asarray(frame)`.
-    #[getter]
-    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let data = self.data()?;
-        self.view(data.frame_geometry())?.__array_interface__(py)
+    /// `numpy.asarray(frame)`: the same as `numpy()` (a view that keeps the frame's slot).
+    #[pyo3(signature = (dtype=None, copy=None))]
+    fn __array__<'py>(
+        &self,
+        py: Python<'py>,
+        dtype: Option<Bound<'py, PyAny>>,
+        copy: Option<bool>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let a = self.numpy(py)?;
+        match (dtype.filter(|d| !d.is_none()), copy) {
+            (Some(d), _) => a.call_method1("astype", (d,)),
+            (None, Some(true)) => a.call_method0("copy"),
+            _ => Ok(a),
+        }
     }
 
     /// The payload as gpushmsrc's buffer holds it (a copy).
@@ -390,9 +417,16 @@ impl Frame {
     }
 
     /// CUDA array interface of the whole frame (packed formats; planar ones: `cuda_planes()`).
+    /// The array made from it references this frame: its slot then stays until the frame is
+    /// garbage-collected, even after `release()`.
     #[getter]
     fn __cuda_array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.packed_view()?.__cuda_array_interface__(py)
+        let view = self.packed_view()?;
+        let d = view.__cuda_array_interface__(py)?;
+        if let Source::Frame(f) = &view.source {
+            *self.pinned.lock().unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
+        }
+        Ok(d)
     }
 
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
@@ -478,7 +512,7 @@ impl Subscriber {
     }
 
     fn next_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Frame>> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             // Wait in slices with the GIL released, so Ctrl-C and other threads get through.
             let slice = deadline.map_or(Duration::from_millis(100), |d| {
@@ -526,6 +560,7 @@ impl Subscriber {
         });
         Ok(Frame {
             data: Mutex::new(Some(data)),
+            pinned: Mutex::new(None),
             meta,
             seq,
             caps,
@@ -649,33 +684,43 @@ struct WritableSlot {
 
 /// Publishes frames to any number of gpushmsrc / Subscriber consumers at `path`.
 ///
-/// `format` is "GRAY8", "I420", "NV12" or "RGBA". `publish(array)` copies a NumPy array (the
-/// whole frame in GStreamer's layout, or just its visible bytes: (height, width[, channels])
-/// for packed formats) into the next free slot; `acquire()` lends a slot to fill in place
-/// (zero-copy) before `publish(slot)`.
+/// `format` is "GRAY8", "I420", "NV12" or "RGBA". `publish(array)` copies a uint8 NumPy array
+/// (the whole frame in GStreamer's layout, or just its visible bytes) into the next free slot;
+/// `acquire()` lends a slot to fill in place (zero-copy) before `publish(slot)`.
 #[pyclass(module = "gpushm", name = "Publisher", frozen)]
 struct Publisher {
-    inner: Mutex<Option<FramePublisher>>,
+    inner: Mutex<Option<Arc<FramePublisher>>>,
     layout: FrameLayout,
+    /// Tells this publisher's slots from another's.
+    id: u64,
 }
 
-/// A free slot of a Publisher: fill `planes` (writable NumPy views) or `numpy()`, then
-/// `publisher.publish(slot)`. Do not keep its views after publishing.
+/// A free slot of a Publisher: fill its `planes` (writable NumPy views), drop them, then
+/// `publisher.publish(slot)`. Publishing refuses while a view of the slot is alive, and a
+/// published slot gives no more views: nothing writes into a frame consumers are reading.
 #[pyclass(module = "gpushm", name = "Slot", frozen)]
 struct Slot {
     slot: Arc<WritableSlot>,
     layout: FrameLayout,
+    publisher: u64,
 }
 
-static PUBLISHED: AtomicU64 = AtomicU64::new(0);
+static PUBLISHERS: AtomicU64 = AtomicU64::new(0);
 
 impl Publisher {
-    fn with<T>(&self, f: impl FnOnce(&FramePublisher) -> Result<T, CoreError>) -> PyResult<T> {
-        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let p = guard
-            .as_ref()
-            .ok_or_else(|| Error::new_err("the publisher is closed"))?;
-        f(p).map_err(to_py)
+    /// The engine, taken out of the lock: waits never hold it (nor the GIL).
+    fn engine(&self) -> PyResult<Arc<FramePublisher>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::new_err("the publisher is closed"))
+    }
+
+    fn acquire_lease(&self, py: Python<'_>, timeout: f64) -> PyResult<PublishLease> {
+        let t = secs(Some(timeout))?.unwrap_or_default();
+        let p = self.engine()?;
+        py.detach(move || p.acquire(t)).map_err(to_py)
     }
 }
 
@@ -708,6 +753,12 @@ impl Publisher {
                 "fps {fps} is not a frame rate"
             )));
         }
+        if !(2..=gpushm::layout::MAX_SLOTS).contains(&slots) {
+            return Err(PyValueError::new_err(format!(
+                "slots must be 2 to {}, not {slots}",
+                gpushm::layout::MAX_SLOTS
+            )));
+        }
         let rate = ((fps * 1000.0).round() as u32, 1000);
         let config = Config {
             perms,
@@ -716,18 +767,21 @@ impl Publisher {
         let l = layout.clone();
         let p = py
             .detach(move || FramePublisher::new(&path, l, rate, slots, config))
-            .map_err(to_py)?;
+            .map_err(|e| match e {
+                CoreError::Invalid(m) => PyValueError::new_err(m),
+                e => to_py(e),
+            })?;
         Ok(Self {
-            inner: Mutex::new(Some(p)),
+            inner: Mutex::new(Some(Arc::new(p))),
             layout,
+            id: PUBLISHERS.fetch_add(1, Ordering::Relaxed),
         })
     }
 
     /// A free slot to fill in place (waits up to `timeout` s for consumers to give one back).
     #[pyo3(signature = (timeout=1.0))]
     fn acquire(&self, py: Python<'_>, timeout: f64) -> PyResult<Slot> {
-        let t = secs(Some(timeout))?.unwrap_or_default();
-        let mut lease = py.detach(|| self.with(|p| p.acquire(t)))?;
+        let mut lease = self.acquire_lease(py, timeout)?;
         let ptr = lease.bytes_mut().as_mut_ptr() as usize;
         Ok(Slot {
             slot: Arc::new(WritableSlot {
@@ -735,11 +789,13 @@ impl Publisher {
                 ptr,
             }),
             layout: self.layout.clone(),
+            publisher: self.id,
         })
     }
 
-    /// Publishes a frame: a filled `Slot`, or a NumPy array (copied into a free slot).
-    /// `capture_ns`: when it was captured (CLOCK_MONOTONIC ns, `time.monotonic_ns()`), default now.
+    /// Publishes a frame: a filled `Slot` (whose views are gone), or a uint8 NumPy array
+    /// (copied into a free slot). `capture_ns`: when it was captured (CLOCK_MONOTONIC ns,
+    /// `time.monotonic_ns()`), default now.
     #[pyo3(signature = (frame, capture_ns=None, timeout=1.0))]
     fn publish(
         &self,
@@ -748,9 +804,20 @@ impl Publisher {
         capture_ns: Option<u64>,
         timeout: f64,
     ) -> PyResult<()> {
+        let engine = self.engine()?;
         let lease = if let Ok(slot) = frame.cast::<Slot>() {
-            slot.get()
-                .slot
+            let slot = slot.get();
+            if slot.publisher != self.id {
+                return Err(PyValueError::new_err(
+                    "this slot belongs to another Publisher",
+                ));
+            }
+            if Arc::strong_count(&slot.slot) > 1 {
+                return Err(Error::new_err(
+                    "views of this slot are still alive: drop them (del) before publishing, so nothing writes into a published frame",
+                ));
+            }
+            slot.slot
                 .lease
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -758,16 +825,20 @@ impl Publisher {
                 .ok_or_else(|| Error::new_err("this slot was already published"))?
         } else {
             let np = py.import("numpy")?;
-            let arr = np.call_method1("ascontiguousarray", (frame, np.getattr("uint8")?))?;
-            let n: usize = arr.getattr("nbytes")?.extract()?;
-            let iface = arr.getattr("__array_interface__")?;
-            let (addr, _ro): (usize, bool) = iface.get_item("data")?.extract()?;
+            let arr = np.call_method1("asarray", (frame,))?;
+            if !arr.getattr("dtype")?.eq(np.getattr("uint8")?)? {
+                return Err(PyTypeError::new_err(format!(
+                    "frames are uint8 arrays, not {}",
+                    arr.getattr("dtype")?
+                )));
+            }
             let visible: usize = self
                 .layout
                 .planes
                 .iter()
                 .map(|p| p.rows as usize * p.row_bytes as usize)
                 .sum();
+            let n: usize = arr.getattr("nbytes")?.extract()?;
             if n != self.layout.size as usize && n != visible {
                 return Err(PyValueError::new_err(format!(
                     "a {} {}x{} frame is {} bytes ({} visible), this array holds {n}",
@@ -778,9 +849,14 @@ impl Publisher {
                     visible
                 )));
             }
-            let t = secs(Some(timeout))?.unwrap_or_default();
-            let mut lease = py.detach(|| self.with(|p| p.acquire(t)))?;
-            // SAFETY: `arr` is a contiguous uint8 array of n bytes at addr, alive here.
+            // The slot first (waiting without the GIL), then the copy with the GIL held, so
+            // that no other thread can resize or free the array meanwhile.
+            let mut lease = self.acquire_lease(py, timeout)?;
+            let arr = np.call_method1("ascontiguousarray", (arr,))?;
+            let iface = arr.getattr("__array_interface__")?;
+            let (addr, _ro): (usize, bool) = iface.get_item("data")?.extract()?;
+            // SAFETY: `arr` is a contiguous uint8 array of n bytes at addr, alive and not
+            // resizable by others while we hold the GIL.
             let src = unsafe { std::slice::from_raw_parts(addr as *const u8, n) };
             let dst = lease.bytes_mut();
             if n == self.layout.size as usize {
@@ -798,23 +874,20 @@ impl Publisher {
             }
             lease
         };
-        py.detach(|| self.with(|p| p.publish(lease, capture_ns)))?;
-        PUBLISHED.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        py.detach(move || engine.publish(lease, capture_ns))
+            .map_err(to_py)
     }
 
     /// Consumers connected now.
     #[getter]
     fn num_clients(&self) -> PyResult<usize> {
-        self.with(|p| Ok(p.num_clients()))
+        Ok(self.engine()?.num_clients())
     }
 
     /// Tells every consumer that no frame follows.
     fn send_eos(&self) -> PyResult<()> {
-        self.with(|p| {
-            p.send_eos();
-            Ok(())
-        })
+        self.engine()?.send_eos();
+        Ok(())
     }
 
     /// Stops serving (consumers see the producer go away); the socket file is removed.
@@ -836,9 +909,20 @@ impl Publisher {
 
 #[pymethods]
 impl Slot {
-    /// Each plane as a writable 2-D uint8 NumPy view into the slot.
+    /// Each plane as a writable 2-D uint8 NumPy view into the slot (until it is published).
     #[getter]
     fn planes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        if self
+            .slot
+            .lease
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
+            return Err(Error::new_err(
+                "this slot was published: it is no longer yours to write",
+            ));
+        }
         let views = self
             .layout
             .planes

@@ -63,6 +63,13 @@ def test_views_are_read_only_and_not_copies(launch, sock):
         assert b.__array_interface__["data"][0] == addr
         assert p0.__array_interface__["data"][0] == addr
         assert isinstance(a.base, gpushm.FrameView)
+        assert isinstance(b.base, gpushm.FrameView)
+        # np.asarray(frame) keeps the slot like any view: still intact after release().
+        snapshot = b.copy()
+        frame.release()
+        for _ in range(20):
+            sub.next_frame().release()
+        assert np.array_equal(b, snapshot)
 
 
 def test_a_held_frame_stays_valid_while_the_producer_goes_on(launch, sock):
@@ -178,6 +185,7 @@ def test_python_publisher_to_gpushmsrc_is_byte_exact(launch, sock, fmt):
                 for plane in slot.planes:
                     plane[...] = rng.integers(0, 256, plane.shape, dtype=np.uint8)
                     data = np.concatenate([data, plane.ravel()])
+                del plane  # no view of the slot may outlive its publication
                 pub.publish(slot)
             sent.append(hashlib.sha1(data.tobytes()).hexdigest())
         out = c.finish(timeout=20)
@@ -200,3 +208,46 @@ def test_bad_arguments_say_why(sock):
         gpushm.Publisher(sock, "YUY2", 64, 48)
     with pytest.raises(ValueError, match="timeout"):
         gpushm.Subscriber(sock, timeout=-5)
+
+
+def test_a_slot_is_never_written_once_published(sock):
+    with gpushm.Publisher(sock, "GRAY8", 64, 48) as pub, gpushm.Publisher(sock + "2", "GRAY8", 64, 48) as other:
+        slot = pub.acquire()
+        view = slot.planes[0]
+        view[...] = 7
+        with pytest.raises(gpushm.Error, match="views of this slot are still alive"):
+            pub.publish(slot)
+        del view
+        with pytest.raises(ValueError, match="another Publisher"):
+            other.publish(slot)
+        pub.publish(slot)
+        with pytest.raises(gpushm.Error, match="published"):
+            slot.planes
+        with pytest.raises(gpushm.Error, match="already published"):
+            pub.publish(slot)
+        with pytest.raises(TypeError, match="uint8"):
+            pub.publish(np.zeros((48, 64), dtype=np.float32))
+
+
+def test_an_event_loop_on_fileno_sees_eos_without_spinning(launch, sock):
+    launch(f"videotestsrc is-live=true num-buffers=20 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 ! gpushmsink socket-path={sock}")
+    wait_for(sock)
+    with gpushm.Subscriber(sock) as sub, selectors.DefaultSelector() as sel:
+        sel.register(sub.fileno(), selectors.EVENT_READ)
+        wakeups = frames = 0
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if not sel.select(timeout=1):
+                continue
+            wakeups += 1
+            try:
+                sub.next_frame(timeout=0)
+                frames += 1
+            except gpushm.Timeout:
+                pass
+            except gpushm.EndOfStream:
+                break
+        else:
+            pytest.fail("EOS never reached the event loop")
+    # One wake-up per frame, give or take the socket's news: never a busy loop.
+    assert frames >= 10 and wakeups < 3 * frames + 10, (frames, wakeups)
