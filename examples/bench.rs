@@ -81,7 +81,94 @@ fn run_pipeline(pipeline: &gst::Element, timeout: Duration) -> Result<(), String
     r
 }
 
+/// A producer that is not the bottleneck: eight frames rendered once, then published again
+/// and again without being redrawn. gpushm: the core's FramePublisher republishes its slots;
+/// shm: appsrc pushes the same eight buffers into shmsink (which copies each, as it must).
+fn produce_prerendered(args: &[String]) -> Result<(), String> {
+    let transport = arg(args, "--transport").unwrap_or_default();
+    let socket = arg(args, "--socket").unwrap_or_default();
+    let (w, h) = (num(args, "--width", 3840), num(args, "--height", 2160));
+    let frames = num(args, "--frames", 300);
+    let size = (w * h * 3 / 2) as usize;
+    let (mut first, mut count, mut cpu0) = (0u64, 0u64, 0u64);
+    let mut tick = |count: &mut u64| {
+        if *count == 0 {
+            first = now();
+            cpu0 = rusage().0;
+        }
+        *count += 1;
+    };
+    if transport == "gpushm" {
+        use gstgpushm::ring::format::{FrameLayout, VideoFormat};
+        use gstgpushm::ring::publisher::{Config, FramePublisher};
+        let layout = FrameLayout::new(VideoFormat::Nv12, w as u32, h as u32).ok_or("size")?;
+        let publisher = FramePublisher::new(
+            std::path::Path::new(&socket),
+            layout,
+            (30, 1),
+            8,
+            Config::default(),
+        )
+        .map_err(|e| e.to_string())?;
+        while publisher.num_clients() == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for n in 0..frames {
+            let mut lease = publisher
+                .acquire(Duration::from_secs(10))
+                .map_err(|e| e.to_string())?;
+            if n < 8 {
+                lease.bytes_mut().fill(n as u8 * 16 + 1);
+            }
+            tick(&mut count);
+            publisher.publish(lease, None).map_err(|e| e.to_string())?;
+        }
+        publisher.send_eos();
+        // Give the consumer time to take the last frames before the socket goes.
+        std::thread::sleep(Duration::from_millis(500));
+    } else {
+        let caps = format!("video/x-raw,format=NV12,width={w},height={h},framerate=30/1");
+        let launch = format!(
+            "appsrc name=src format=time block=true max-bytes={} caps={caps} ! shmsink socket-path={socket} wait-for-connection=true sync=false shm-size={}",
+            size * 2,
+            size * 12
+        );
+        let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
+        let bin = pipeline.clone().downcast::<gst::Bin>().map_err(|_| "not a bin")?;
+        let src = bin
+            .by_name("src")
+            .ok_or("no appsrc")?
+            .downcast::<gst_app::AppSrc>()
+            .map_err(|_| "not an appsrc")?;
+        let bufs: Vec<gst::Buffer> = (0..8u8)
+            .map(|n| gst::Buffer::from_mut_slice(vec![n * 16 + 1; size]))
+            .collect();
+        pipeline.set_state(gst::State::Playing).map_err(|e| e.to_string())?;
+        for n in 0..frames {
+            let mut b = bufs[(n % 8) as usize].copy();
+            b.make_mut().set_pts(gst::ClockTime::from_nseconds(n * 33_333_333));
+            tick(&mut count);
+            src.push_buffer(b).map_err(|e| format!("push: {e:?}"))?;
+        }
+        let _ = src.end_of_stream();
+        let bus = pipeline.bus().ok_or("no bus")?;
+        let _ = bus.timed_pop_filtered(gst::ClockTime::from_seconds(30), &[gst::MessageType::Eos, gst::MessageType::Error]);
+        let _ = pipeline.set_state(gst::State::Null);
+    }
+    let last = now();
+    let (cpu_us, rss) = rusage();
+    println!(
+        "PRODUCER frames={count} fps={:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied=0",
+        count.saturating_sub(1) as f64 * 1e9 / (last - first).max(1) as f64,
+        cpu_us.saturating_sub(cpu0) as f64 / count.max(1) as f64
+    );
+    Ok(())
+}
+
 fn produce(args: &[String]) -> Result<(), String> {
+    if args.iter().any(|a| a == "--prerendered") {
+        return produce_prerendered(args);
+    }
     let transport = arg(args, "--transport").unwrap_or_default();
     let socket = arg(args, "--socket").unwrap_or_default();
     let (w, h) = (num(args, "--width", 1920), num(args, "--height", 1080));
@@ -410,6 +497,9 @@ fn run_format(
     };
     let mut p = common("produce");
     p.args(["--fps", &fps.to_string()]);
+    if std::env::var_os("GPUSHM_BENCH_PRERENDERED").is_some() {
+        p.arg("--prerendered");
+    }
     if copy {
         p.arg("--copy");
     }
@@ -442,6 +532,14 @@ fn run_format(
         );
     }
     run
+}
+
+/// `run` with the pre-rendered producer (4K NV12 republished without redrawing).
+fn run_prerendered(transport: &str, frames: u64, cudasum: bool) -> Run {
+    std::env::set_var("GPUSHM_BENCH_PRERENDERED", "1");
+    let r = run(transport, 3840, 2160, frames, 0, false, cudasum);
+    std::env::remove_var("GPUSHM_BENCH_PRERENDERED");
+    r
 }
 
 fn have(element: &str) -> bool {
@@ -703,8 +801,18 @@ fn gpu_mode() {
         }
     }
     println!(
-        "gpushmsrc ! cudasum reaches {:.1}x the fps of shmsrc ! cudasum",
+        "gpushmsrc ! cudasum reaches {:.1}x the fps of shmsrc ! cudasum (videotestsrc producer)",
         fps[0] / fps[1]
+    );
+    let g = run_prerendered("gpushm", 600, true);
+    let s = run_prerendered("shm", 600, true);
+    println!(
+        "With the pre-rendered producer: {:.0} vs {:.0} fps, {:.1}x (producers: {:.0} / {:.0} fps)",
+        f(&g.consumer, "fps"),
+        f(&s.consumer, "fps"),
+        f(&g.consumer, "fps") / f(&s.consumer, "fps"),
+        f(&g.producer, "fps"),
+        f(&s.producer, "fps")
     );
 }
 
@@ -718,6 +826,16 @@ fn main() {
         Some("floor-wait") => floor_wait(&args),
         Some("tiny") => {
             tiny_frames();
+            Ok(())
+        }
+        Some("floor") => {
+            let fl = floor(num(&args, "--fps", 30), num(&args, "--frames", 90));
+            println!(
+                "floor at {} fps: p50 {:.1} µs, p99 {:.1} µs",
+                num(&args, "--fps", 30),
+                f(&fl, "p50_us"),
+                f(&fl, "p99_us")
+            );
             Ok(())
         }
         _ => {

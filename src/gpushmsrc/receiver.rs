@@ -35,6 +35,25 @@ use crate::ring::Error;
 /// a frame back before it copies instead.
 const NON_LIVE_WAIT: Duration = Duration::from_millis(20);
 
+/// A zero-copy frame's lease inside its GstMemory: when downstream drops the buffer, the slot
+/// goes back and a receiver waiting for that (lossless, producer not live) wakes at once.
+struct NotifyOnRelease {
+    lease: Option<crate::ring::client::SlotLease>,
+    shared: std::sync::Weak<Shared>,
+}
+
+impl Drop for NotifyOnRelease {
+    fn drop(&mut self) {
+        drop(self.lease.take());
+        if let Some(s) = self.shared.upgrade() {
+            // Taking the lock orders this wake-up after a waiter's check of should_copy(), so
+            // none is missed. The receiver never drops frames while it holds the lock.
+            drop(s.queue());
+            s.cond.notify_all();
+        }
+    }
+}
+
 /// What the receiver needs to know, fixed at start().
 #[derive(Clone)]
 pub(super) struct Config {
@@ -145,15 +164,19 @@ impl Shared {
     pub fn pause(&self) {
         let mut q = self.queue();
         q.paused = true;
-        let before = q.items.len();
-        q.items.retain(|i| !matches!(i, Item::Frame(_)));
-        let gone = (before - q.items.len()) as u64;
+        // Frames are dropped after the lock is released (their release takes it).
+        let (frames, rest): (VecDeque<Item>, VecDeque<Item>) = std::mem::take(&mut q.items)
+            .into_iter()
+            .partition(|i| matches!(i, Item::Frame(_)));
+        q.items = rest;
+        let gone = frames.len() as u64;
         if gone > 0 {
             q.discont = true;
             q.bytes = 0;
             self.queue_dropped.fetch_add(gone, Ordering::Relaxed);
         }
         drop(q);
+        drop(frames);
         self.cond.notify_all();
     }
 
@@ -234,7 +257,9 @@ impl Drop for Receiver {
                 let _ = t.join();
             }
         }
-        self.shared.queue().items.clear();
+        // Dropped outside the lock (a frame's release takes it).
+        let items = std::mem::take(&mut self.shared.queue().items);
+        drop(items);
     }
 }
 
@@ -420,6 +445,9 @@ impl Worker {
     /// Queues `item`. Past the queue's limits a leaky consumer drops its oldest frames and a
     /// lossless one waits (so the producer's back-pressure applies). False when stopping.
     fn push(&mut self, item: Item) -> bool {
+        // Frames dropped from the queue go after the lock (declared first, dropped last): a
+        // frame's release takes the lock.
+        let mut dropped = Vec::new();
         let mut q = self.shared.queue();
         if q.paused && matches!(item, Item::Frame(_)) {
             q.discont = true;
@@ -449,6 +477,7 @@ impl Worker {
                 };
                 if let Some(Item::Frame(old)) = q.items.remove(pos) {
                     q.bytes = q.bytes.saturating_sub(old.buffer.size() as u64);
+                    dropped.push(old);
                 }
                 q.discont = true;
                 self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
@@ -533,6 +562,7 @@ impl Worker {
             // producer waits meanwhile) and keep this frame zero-copy.
             let mut q = self.shared.queue();
             while copy.is_some() && !q.items.is_empty() && !q.stopping && !q.paused {
+                // Woken as soon as downstream drops a frame (NotifyOnRelease) or takes one.
                 q = self
                     .shared
                     .cond
@@ -547,13 +577,22 @@ impl Worker {
             // back. Downstream that keeps frames until it gets more (an encoder's lookahead)
             // is not waited for again until it has handed frames back.
             let deadline = std::time::Instant::now() + NON_LIVE_WAIT;
-            while copy.is_some()
-                && std::time::Instant::now() < deadline
-                && !self.shared.queue().stopping
-            {
-                std::thread::sleep(Duration::from_millis(1));
+            let mut q = self.shared.queue();
+            while copy.is_some() && !q.stopping {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                // Woken as soon as downstream drops a frame (NotifyOnRelease).
+                q = self
+                    .shared
+                    .cond
+                    .wait_timeout(q, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
                 copy = conn.should_copy();
             }
+            drop(q);
             self.gave_up_waiting = copy.is_some();
         }
         if copy.is_none() {
@@ -601,7 +640,10 @@ impl Worker {
                 size,
                 size,
                 true,
-                Box::new(frame.lease),
+                Box::new(NotifyOnRelease {
+                    lease: Some(frame.lease),
+                    shared: Arc::downgrade(&self.shared),
+                }),
             )
         };
         let mut buffer = gst::Buffer::new();
