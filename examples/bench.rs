@@ -129,12 +129,15 @@ fn produce_prerendered(args: &[String]) -> Result<(), String> {
     } else {
         let caps = format!("video/x-raw,format=NV12,width={w},height={h},framerate=30/1");
         let launch = format!(
-            "appsrc name=src format=time block=true max-bytes={} caps={caps} ! shmsink socket-path={socket} wait-for-connection=true sync=false shm-size={}",
+            "appsrc name=src format=time do-timestamp=true block=true max-bytes={} caps={caps} ! shmsink socket-path={socket} wait-for-connection=true sync=false shm-size={}",
             size * 2,
             size * 12
         );
         let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
-        let bin = pipeline.clone().downcast::<gst::Bin>().map_err(|_| "not a bin")?;
+        let bin = pipeline
+            .clone()
+            .downcast::<gst::Bin>()
+            .map_err(|_| "not a bin")?;
         let src = bin
             .by_name("src")
             .ok_or("no appsrc")?
@@ -143,16 +146,21 @@ fn produce_prerendered(args: &[String]) -> Result<(), String> {
         let bufs: Vec<gst::Buffer> = (0..8u8)
             .map(|n| gst::Buffer::from_mut_slice(vec![n * 16 + 1; size]))
             .collect();
-        pipeline.set_state(gst::State::Playing).map_err(|e| e.to_string())?;
+        pipeline
+            .set_state(gst::State::Playing)
+            .map_err(|e| e.to_string())?;
         for n in 0..frames {
-            let mut b = bufs[(n % 8) as usize].copy();
-            b.make_mut().set_pts(gst::ClockTime::from_nseconds(n * 33_333_333));
+            // The same buffer again (a reference, not a copy); appsrc stamps it.
             tick(&mut count);
-            src.push_buffer(b).map_err(|e| format!("push: {e:?}"))?;
+            src.push_buffer(bufs[(n % 8) as usize].clone())
+                .map_err(|e| format!("push: {e:?}"))?;
         }
         let _ = src.end_of_stream();
         let bus = pipeline.bus().ok_or("no bus")?;
-        let _ = bus.timed_pop_filtered(gst::ClockTime::from_seconds(30), &[gst::MessageType::Eos, gst::MessageType::Error]);
+        let _ = bus.timed_pop_filtered(
+            gst::ClockTime::from_seconds(30),
+            &[gst::MessageType::Eos, gst::MessageType::Error],
+        );
         let _ = pipeline.set_state(gst::State::Null);
     }
     let last = now();
