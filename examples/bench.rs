@@ -18,6 +18,8 @@
 //! (GStreamer >= 1.24) are run when installed, and skipped with a note otherwise.
 //!
 //! The same binary is the producer (`bench produce ...`) and the consumer (`bench consume ...`).
+//! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny` (64x64 GRAY8
+//! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer).
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -834,6 +836,10 @@ fn main() {
         Some("floor-wait") => floor_wait(&args),
         Some("tiny") => {
             tiny_frames();
+            Ok(())
+        }
+        Some("gpu") => {
+            gpu_mode();
             Ok(())
         }
         Some("floor") => {
