@@ -40,10 +40,10 @@ cat > "$out/fonts/fonts.conf" <<'CONF'
 <alias><family>sans-serif</family><prefer><family>DejaVu Sans</family></prefer></alias></fontconfig>
 CONF
 echo 'export FONTCONFIG_FILE=$here/fonts/fonts.conf' >> "$out/env.sh"
-# The Python package (an abi3 wheel) and pytest, for the Python tests there:
-#   python3 -m venv --system-site-packages /tmp/v
-#   /tmp/v/bin/pip install --no-index --find-links .device/wheels gpushm pytest
-#   cd python/tests && /tmp/v/bin/pytest -v .      (the GPU ones included)
+# The Python package (an abi3 wheel) and pytest, for the Python tests there (a venv would not
+# see that machine's PyTorch and CuPy, so they go into a folder on PYTHONPATH):
+#   python3 -m pip install --no-deps --no-index --target /tmp/pkgs .device/wheels/*.whl
+#   (cd python/tests && PYTHONPATH=/tmp/pkgs python3 -m pytest -v .)   # GPU tests included
 mkdir -p "$out/wheels"
 venv=${CARGO_TARGET_DIR:-$here/target}/pyvenv
 [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
