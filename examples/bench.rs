@@ -195,7 +195,8 @@ fn produce(args: &[String]) -> Result<(), String> {
     // A live source paces itself; no sink waits on the clock, so latency is the transport's.
     let sink = match transport.as_str() {
         "gpushm" => format!("gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false"),
-        "shm" => format!("shmsink name=sink socket-path={socket} wait-for-connection=true sync=false shm-size={}", size * 12),
+        // shmsink's allocator pads each buffer: tiny frames need more than 12 frames' bytes.
+        "shm" => format!("shmsink name=sink socket-path={socket} wait-for-connection=true sync=false shm-size={}", (size * 12).max(4 << 20)),
         "unixfd" => format!("unixfdsink name=sink socket-path={socket} sync=false"),
         _ => "fakesink name=sink sync=false".to_string(),
     };
