@@ -484,7 +484,7 @@ impl ObjectImpl for GpuShmSrc {
                     .build(),
                 glib::ParamSpecInt::builder("cuda-device-id")
                     .nick("CUDA device")
-                    .blurb("GPU to register the ring with, once per mapping, so CUDA elements read frames in place (GpuShmCudaMeta). -1 = the first GPU if there is one, none otherwise")
+                    .blurb("GPU the rings are registered with when cuda-register says so (see there). -1 = the first GPU if there is one, none otherwise; an id that does not exist is an error")
                     .minimum(-1)
                     .default_value(DEFAULT_CUDA_DEVICE)
                     .mutable_ready()
