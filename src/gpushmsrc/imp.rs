@@ -44,7 +44,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 use once_cell::sync::Lazy;
 
-use super::receiver::{Config, Item, Received, Receiver, Shared};
+use super::receiver::{Config, Item, Reader, Received, Receiver, Shared};
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
@@ -181,7 +181,12 @@ impl GpuShmSrc {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
     fn shared(&self) -> Option<Arc<Shared>> {
-        self.state().as_ref().map(|s| s.receiver.shared.clone())
+        self.state()
+            .as_ref()
+            .map(|s| s.receiver.reader.shared.clone())
+    }
+    fn reader(&self) -> Option<Arc<Reader>> {
+        self.state().as_ref().map(|s| s.receiver.reader.clone())
     }
 
     /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
@@ -194,7 +199,7 @@ impl GpuShmSrc {
         if matches!(st.mapping, Mapping::Shifted(_)) {
             return SHIFT_MARGIN;
         }
-        match st.receiver.shared.latency.load(Ordering::Relaxed) {
+        match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
             NONE_U64 => 0,
             // A producer claiming more is broken or hostile: sinks would wait that long.
             l if l > MAX_PRODUCER_LATENCY => 0,
@@ -352,7 +357,7 @@ impl GpuShmSrc {
         let mut guard = self.state();
         if let (Some(st), Some(d)) = (guard.as_mut(), dev) {
             if self.needs_writable_ring(&d) {
-                st.receiver.request_writable_ring();
+                st.receiver.reader.request_writable_ring();
             }
             st.cuda = Some(d);
         }
@@ -792,14 +797,14 @@ impl BaseSrcImpl for GpuShmSrc {
     }
 
     fn unlock(&self) -> Result<(), gst::ErrorMessage> {
-        if let Some(s) = self.shared() {
+        if let Some(s) = self.reader() {
             s.set_flushing(true);
         }
         Ok(())
     }
 
     fn unlock_stop(&self) -> Result<(), gst::ErrorMessage> {
-        if let Some(s) = self.shared() {
+        if let Some(s) = self.reader() {
             s.set_flushing(false);
         }
         Ok(())
@@ -812,8 +817,8 @@ impl PushSrcImpl for GpuShmSrc {
         _buffer: Option<&mut gst::BufferRef>,
     ) -> Result<CreateSuccess, gst::FlowError> {
         // Wait without the state lock: property reads and queries never wait for frames.
-        let shared = self.shared().ok_or(gst::FlowError::Flushing)?;
-        let (item, discont) = shared.pop().ok_or(gst::FlowError::Flushing)?;
+        let reader = self.reader().ok_or(gst::FlowError::Flushing)?;
+        let (item, discont) = reader.next_item().ok_or(gst::FlowError::Flushing)?;
         match item {
             Item::Frame(mut f) => {
                 // The state lock is held only for bookkeeping: caps events, warnings and

@@ -48,8 +48,9 @@ impl Drop for NotifyOnRelease {
         if let Some(s) = self.shared.upgrade() {
             // Taking the lock orders this wake-up after a waiter's check of should_copy(), so
             // none is missed. The receiver never drops frames while it holds the lock.
-            drop(s.queue());
-            s.cond.notify_all();
+            if s.queue().release_waiters > 0 {
+                s.cond.notify_all();
+            }
         }
     }
 }
@@ -99,6 +100,12 @@ struct Queue {
     paused: bool,
     /// Frames were dropped from this queue since the last one popped.
     discont: bool,
+    /// The streaming thread waits in `create()` and reads the ring itself.
+    present: bool,
+    /// When the streaming thread last left `create()` (`None`: never came).
+    away_since: Option<std::time::Instant>,
+    /// Threads waiting for downstream to drop a frame (only they need the wake-up).
+    release_waiters: u32,
 }
 
 /// State shared between the receiver thread, the streaming thread and property reads.
@@ -106,6 +113,8 @@ struct Queue {
 pub(super) struct Shared {
     q: Mutex<Queue>,
     cond: Condvar,
+    /// Where the receiver thread idles while the streaming thread reads (woken to stop).
+    park: Condvar,
     /// The newest caps the producer announced, for caps queries.
     pub caps: Mutex<Option<Arc<str>>>,
     /// The producer pipeline's latency from its newest frame (`NONE_U64`: unknown).
@@ -120,32 +129,16 @@ pub(super) struct Shared {
     /// Downstream asked for GpuShmCudaMeta and the GPU cannot register read-only memory:
     /// reconnect asking for a writable ring.
     want_writable: AtomicBool,
+    /// A connection is up (no connect or reconnect under way): only then is the receiver
+    /// asked to hand the ring back, since interrupting a handshake would drop it.
+    connected: AtomicBool,
+    /// The streaming thread reads the ring (or connects) itself: a flush must wake it.
+    streaming_reads: AtomicBool,
 }
 
 impl Shared {
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The next item; `None` when flushing or stopping. Also says whether frames were dropped
-    /// from the queue before it.
-    pub fn pop(&self) -> Option<(Item, bool)> {
-        let mut q = self.queue();
-        loop {
-            if q.flushing || q.stopping {
-                return None;
-            }
-            if let Some(item) = q.items.pop_front() {
-                if let Item::Frame(f) = &item {
-                    q.bytes = q.bytes.saturating_sub(f.buffer.size() as u64);
-                }
-                let discont = std::mem::take(&mut q.discont);
-                drop(q);
-                self.cond.notify_all();
-                return Some((item, discont));
-            }
-            q = self.cond.wait(q).unwrap_or_else(|e| e.into_inner());
-        }
     }
 
     /// The pipeline goes to PLAYING: the receiver connects (the first time) and queues
@@ -180,7 +173,7 @@ impl Shared {
         self.cond.notify_all();
     }
 
-    pub fn set_flushing(&self, flushing: bool) {
+    fn set_flushing(&self, flushing: bool) {
         self.queue().flushing = flushing;
         self.cond.notify_all();
     }
@@ -190,10 +183,215 @@ impl Shared {
     }
 }
 
+/// How long the streaming thread may stay away (pushing a frame downstream) before the
+/// receiver thread takes frames from the ring in its place.
+const GRACE: Duration = Duration::from_millis(50);
+
+/// What one read from the ring gave. (Moved once per frame: not worth a box.)
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Item(Item),
+    /// The wake-up descriptor fired: flushing, stopping, a writable-ring request, or the
+    /// other thread wants the ring back. Look at the flags and try again.
+    Interrupted,
+    /// Nothing more comes (EOS or a fatal error was handed out).
+    Done,
+}
+
+/// Who reads the ring. The streaming thread reads it itself while it waits for a frame in
+/// `create()`: one wake-up per frame, as with a plain socket. While the streaming thread is
+/// away pushing a frame downstream for longer than [`GRACE`] (a sink waiting on its clock, a
+/// full queue, a paused pipeline), the receiver thread takes frames from the ring as they come
+/// and queues them, so downstream never makes the producer skip or wait for us.
+pub(super) struct Reader {
+    pub shared: Arc<Shared>,
+    worker: Mutex<Worker>,
+    stop: Waker,
+}
+
+impl Reader {
+    fn worker(&self) -> Option<MutexGuard<'_, Worker>> {
+        match self.worker.try_lock() {
+            Ok(w) => Some(w),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// The next item for `create()`: from the queue, or straight from the ring when the queue
+    /// is empty. `None` when flushing or stopping. Also says whether frames were dropped
+    /// before it.
+    pub fn next_item(&self) -> Option<(Item, bool)> {
+        let mut asked = false;
+        let r = loop {
+            let mut q = self.shared.queue();
+            if q.flushing || q.stopping {
+                break None;
+            }
+            if let Some(item) = q.items.pop_front() {
+                if let Item::Frame(f) = &item {
+                    q.bytes = q.bytes.saturating_sub(f.buffer.size() as u64);
+                }
+                let discont = std::mem::take(&mut q.discont);
+                drop(q);
+                // A receiver waiting for room (lossless) goes on.
+                self.shared.cond.notify_all();
+                break Some((item, discont));
+            }
+            q.present = true;
+            drop(q);
+            let Some(mut w) = self.worker() else {
+                // The receiver thread reads: ask it once to hand the ring back, and wait for
+                // that or for what it queues.
+                if self.shared.connected.load(Ordering::Acquire)
+                    && !std::mem::replace(&mut asked, true)
+                {
+                    self.stop.wake();
+                }
+                let q = self.shared.queue();
+                if q.items.is_empty() && !q.flushing && !q.stopping {
+                    drop(self.shared.cond.wait_timeout(q, GRACE));
+                }
+                continue;
+            };
+            // The receiver may have queued a frame before it let go; a flush may have come
+            // before we said that we read (set_flushing wakes us only once we have).
+            self.shared.streaming_reads.store(true, Ordering::SeqCst);
+            {
+                let q = self.shared.queue();
+                if !q.items.is_empty() || q.flushing || q.stopping {
+                    self.shared.streaming_reads.store(false, Ordering::SeqCst);
+                    continue;
+                }
+            }
+            let step = w.step();
+            self.shared.streaming_reads.store(false, Ordering::SeqCst);
+            match step {
+                Step::Item(item) => {
+                    drop(w);
+                    let mut q = self.shared.queue();
+                    if q.paused && matches!(item, Item::Frame(_)) {
+                        // It came after the pipeline paused (create() was on its way out):
+                        // stale once it plays again, as the receiver's frames are.
+                        q.discont = true;
+                        self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+                        drop(q);
+                        drop(item);
+                        continue;
+                    }
+                    let discont = std::mem::take(&mut q.discont);
+                    break Some((item, discont));
+                }
+                Step::Interrupted => {}
+                Step::Done => {
+                    drop(w);
+                    // Nothing more comes: wait for a flush or the stop.
+                    let mut q = self.shared.queue();
+                    while q.items.is_empty() && !q.flushing && !q.stopping {
+                        q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+                    }
+                }
+            }
+        };
+        let mut q = self.shared.queue();
+        q.present = false;
+        q.away_since = Some(std::time::Instant::now());
+        r
+    }
+
+    /// Flushing: `create()` returns at once, wherever it waits.
+    pub fn set_flushing(&self, flushing: bool) {
+        self.shared.set_flushing(flushing);
+        // Only a streaming thread blocked in the ring needs the wake-up: the receiver thread
+        // is not disturbed (interrupting its handshake would drop the connection).
+        if flushing && self.shared.streaming_reads.load(Ordering::SeqCst) {
+            self.stop.wake();
+        }
+    }
+
+    /// Reconnects asking for a writable ring (for a GPU that cannot register read-only
+    /// memory), unless this receiver already has one or asked.
+    pub fn request_writable_ring(&self) {
+        if !self.shared.want_writable.swap(true, Ordering::AcqRel) {
+            self.stop.wake();
+        }
+    }
+
+    /// The receiver thread: connects once the pipeline plays, then reads the ring whenever
+    /// the streaming thread is away for longer than [`GRACE`].
+    fn run(&self) {
+        {
+            let mut q = self.shared.queue();
+            while !q.go && !q.stopping {
+                q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        loop {
+            {
+                let mut q = self.shared.queue();
+                loop {
+                    if q.stopping {
+                        return;
+                    }
+                    let wait = match q.away_since {
+                        _ if q.present => GRACE,
+                        None => break,
+                        Some(t) => match GRACE.checked_sub(t.elapsed()) {
+                            Some(left) if !left.is_zero() => left,
+                            _ => break,
+                        },
+                    };
+                    q = self
+                        .shared
+                        .park
+                        .wait_timeout(q, wait)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0;
+                }
+            }
+            let Some(mut w) = self.worker() else {
+                // The streaming thread reads: look again later.
+                let q = self.shared.queue();
+                if !q.stopping {
+                    drop(self.shared.park.wait_timeout(q, GRACE));
+                }
+                continue;
+            };
+            loop {
+                match w.step() {
+                    Step::Item(item) => {
+                        if !w.push(item) {
+                            return;
+                        }
+                    }
+                    Step::Interrupted => {}
+                    Step::Done => {
+                        drop(w);
+                        let mut q = self.shared.queue();
+                        while !q.stopping {
+                            q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
+                        }
+                        return;
+                    }
+                }
+                let q = self.shared.queue();
+                if q.stopping {
+                    return;
+                }
+                // The streaming thread is back: it takes what we queued, then reads itself.
+                if q.present {
+                    break;
+                }
+            }
+            drop(w);
+            self.shared.cond.notify_all();
+        }
+    }
+}
+
 /// The receiver thread and what it shares. Dropping it stops the thread.
 pub(super) struct Receiver {
-    pub shared: Arc<Shared>,
-    stop: Waker,
+    pub reader: Arc<Reader>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -204,11 +402,14 @@ impl Receiver {
             ..Default::default()
         });
         let stop = Waker::new()?;
-        let mut worker = Worker {
+        let worker = Worker {
             element: element.downgrade(),
             cfg,
             shared: shared.clone(),
             stop: stop.clone(),
+            conn: None,
+            connected_once: false,
+            done: false,
             serial: 0,
             info: None,
             discont: true,
@@ -218,9 +419,15 @@ impl Receiver {
             gave_up_waiting: false,
             writable_refusal_warned: false,
         };
+        let reader = Arc::new(Reader {
+            shared,
+            worker: Mutex::new(worker),
+            stop,
+        });
+        let r = reader.clone();
         let thread = std::thread::Builder::new()
             .name("gpushmsrc-recv".into())
-            .spawn(move || worker.run())
+            .spawn(move || r.run())
             .map_err(|e| {
                 Error::os(
                     "spawning the receiver thread",
@@ -228,28 +435,19 @@ impl Receiver {
                 )
             })?;
         Ok(Self {
-            shared,
-            stop,
+            reader,
             thread: Some(thread),
         })
     }
 }
 
-impl Receiver {
-    /// Reconnects asking for a writable ring (for a GPU that cannot register read-only
-    /// memory), unless this receiver already has one or asked.
-    pub fn request_writable_ring(&self) {
-        if !self.shared.want_writable.swap(true, Ordering::AcqRel) {
-            self.stop.wake();
-        }
-    }
-}
-
 impl Drop for Receiver {
     fn drop(&mut self) {
-        self.shared.queue().stopping = true;
-        self.shared.cond.notify_all();
-        self.stop.wake();
+        let shared = &self.reader.shared;
+        shared.queue().stopping = true;
+        shared.cond.notify_all();
+        shared.park.notify_all();
+        self.reader.stop.wake();
         if let Some(t) = self.thread.take() {
             // The thread may hold the last reference to the element for a moment: never
             // join it from itself.
@@ -258,7 +456,7 @@ impl Drop for Receiver {
             }
         }
         // Dropped outside the lock (a frame's release takes it).
-        let items = std::mem::take(&mut self.shared.queue().items);
+        let items = std::mem::take(&mut shared.queue().items);
         drop(items);
     }
 }
@@ -268,6 +466,10 @@ struct Worker {
     cfg: Config,
     shared: Arc<Shared>,
     stop: Waker,
+    conn: Option<Subscriber>,
+    connected_once: bool,
+    /// EOS or a fatal error was handed out: nothing more is read.
+    done: bool,
     serial: u64,
     /// Video info of the caps string last seen.
     info: Option<(Arc<str>, gst_video::VideoInfo)>,
@@ -281,128 +483,83 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self) {
-        {
-            let mut q = self.shared.queue();
-            while !q.go && !q.stopping {
-                q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-            if q.stopping {
-                return;
-            }
+    /// One read from the ring (connecting or reconnecting first when needed). Blocks until
+    /// something comes or the wake-up descriptor fires.
+    fn step(&mut self) -> Step {
+        if self.done {
+            return Step::Done;
         }
-        let opts = self.cfg.opts.clone();
-        let mut conn = match self.connect(opts) {
-            Ok(c) => c,
-            Err(Error::Interrupted) => return,
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => match self.open() {
+                Ok(c) => c,
+                Err(step) => return step,
+            },
+        };
+        let step = match conn.next_frame(None) {
+            Ok(Some(frame)) => {
+                self.shared
+                    .producer_dropped
+                    .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
+                if let Some(c) = conn.caps() {
+                    *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                }
+                let arrival_ns = crate::ring::monotonic_ns();
+                match self.build(&conn, frame, arrival_ns) {
+                    Ok(r) => Step::Item(Item::Frame(r)),
+                    Err(e) => {
+                        self.done = true;
+                        Step::Item(Item::Error(e))
+                    }
+                }
+            }
+            Ok(None) => {
+                gst::debug!(CAT, "producer sent EOS");
+                self.done = true;
+                Step::Item(Item::Eos)
+            }
+            Err(Error::Interrupted) => {
+                if self.shared.want_writable.load(Ordering::Acquire) && !self.cfg.opts.writable_ring
+                {
+                    self.cfg.opts.writable_ring = true;
+                    self.lost(
+                        conn,
+                        "Downstream reads frames with CUDA and this GPU cannot register read-only memory: reconnecting to ask the producer for a writable ring (frames published meanwhile are missed)",
+                    );
+                    return Step::Interrupted;
+                }
+                Step::Interrupted
+            }
             Err(e) => {
-                self.push(Item::Error(gst::error_msg!(
-                    gst::ResourceError::OpenRead,
-                    (
-                        "Could not connect to a gpushmsink at {}: {}",
-                        self.cfg.path.display(),
-                        e
-                    )
-                )));
-                return;
+                let received = self.shared.received.load(Ordering::Relaxed);
+                let why = match e {
+                    Error::Disconnected => format!(
+                        "The producer went away (gpushmsink stopped or crashed) after {received} frames"
+                    ),
+                    e => format!("Receiving from the producer failed: {e}"),
+                };
+                if !self.cfg.reconnect {
+                    self.done = true;
+                    return Step::Item(Item::Error(gst::error_msg!(
+                        gst::ResourceError::Read,
+                        ("{}", why)
+                    )));
+                }
+                self.lost(conn, &why);
+                return Step::Interrupted;
             }
         };
-        gst::info!(
-            CAT,
-            "connected to {} as client {}",
-            self.cfg.path.display(),
-            conn.client_id()
-        );
-        loop {
-            match conn.next_frame(None) {
-                Ok(Some(frame)) => {
-                    self.shared
-                        .producer_dropped
-                        .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
-                    if let Some(c) = conn.caps() {
-                        *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
-                    }
-                    let arrival_ns = crate::ring::monotonic_ns();
-                    let item = match self.build(&conn, frame, arrival_ns) {
-                        Ok(r) => Item::Frame(r),
-                        Err(e) => Item::Error(e),
-                    };
-                    let fatal = matches!(item, Item::Error(_));
-                    if !self.push(item) || fatal {
-                        return;
-                    }
-                }
-                Ok(None) => {
-                    gst::debug!(CAT, "producer sent EOS");
-                    self.push(Item::Eos);
-                    // Nothing more comes for this pipeline: wait to be stopped.
-                    let mut q = self.shared.queue();
-                    while !q.stopping {
-                        q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
-                    }
-                    return;
-                }
-                Err(Error::Interrupted) => {
-                    if self.shared.queue().stopping {
-                        return;
-                    }
-                    if self.shared.want_writable.load(Ordering::Acquire)
-                        && !self.cfg.opts.writable_ring
-                    {
-                        self.cfg.opts.writable_ring = true;
-                        self.dropped_base += conn.dropped();
-                        drop(conn);
-                        match self.reconnect(
-                            "Downstream reads frames with CUDA and this GPU cannot register read-only memory: reconnecting to ask the producer for a writable ring (frames published meanwhile are missed)",
-                        ) {
-                            Some(c) => conn = c,
-                            None => return,
-                        }
-                    }
-                }
-                Err(e) => {
-                    let received = self.shared.received.load(Ordering::Relaxed);
-                    let why = match e {
-                        Error::Disconnected => format!(
-                            "The producer went away (gpushmsink stopped or crashed) after {received} frames"
-                        ),
-                        e => format!("Receiving from the producer failed: {e}"),
-                    };
-                    if !self.cfg.reconnect {
-                        self.push(Item::Error(gst::error_msg!(
-                            gst::ResourceError::Read,
-                            ("{}", why)
-                        )));
-                        return;
-                    }
-                    self.dropped_base += conn.dropped();
-                    match self.reconnect(&why) {
-                        Some(c) => conn = c,
-                        None => return,
-                    }
-                }
-            }
-        }
+        self.conn = Some(conn);
+        step
     }
 
-    /// Connects with `opts`; a wake that is not a stop is a request for a writable ring made
-    /// while connecting: connect again asking for one.
-    fn connect(&mut self, mut opts: ConnectOptions) -> Result<Subscriber, Error> {
-        loop {
-            if self.shared.want_writable.load(Ordering::Acquire) {
-                self.cfg.opts.writable_ring = true;
-                opts.writable_ring = true;
-            }
-            match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
-                Err(Error::Interrupted) if !self.shared.queue().stopping => self.stop.clear(),
-                r => return r,
-            }
-        }
-    }
-
-    /// Waits for a producer on the same path (reconnect=true). Buffers of the old producer
-    /// stay valid downstream: they keep their mapping alive.
-    fn reconnect(&mut self, why: &str) -> Option<Subscriber> {
+    /// The connection ended (or is given up for a writable one): the next step waits for a
+    /// producer on the same path. Buffers of the old producer stay valid downstream: they
+    /// keep their mapping alive.
+    fn lost(&mut self, conn: Subscriber, why: &str) {
+        self.shared.connected.store(false, Ordering::Release);
+        self.dropped_base += conn.dropped();
+        drop(conn);
         if let Some(el) = self.element.upgrade() {
             gst::element_warning!(
                 el,
@@ -414,30 +571,60 @@ impl Worker {
                 )
             );
         }
-        let opts = ConnectOptions {
-            timeout: Duration::MAX,
-            ..self.cfg.opts.clone()
-        };
-        match self.connect(opts) {
+    }
+
+    /// Connects (the first time with the configured timeout, later waiting as long as it
+    /// takes). A wake is a stop, a flush, or a request for a writable ring: the caller looks
+    /// at the flags and calls again.
+    #[allow(clippy::result_large_err)]
+    fn open(&mut self) -> Result<Subscriber, Step> {
+        if self.shared.want_writable.load(Ordering::Acquire) {
+            self.cfg.opts.writable_ring = true;
+        }
+        let mut opts = self.cfg.opts.clone();
+        if self.connected_once {
+            opts.timeout = Duration::MAX;
+        }
+        match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
-                    "reconnected to {} as client {}",
+                    "{} {} as client {}",
+                    if self.connected_once {
+                        "reconnected to"
+                    } else {
+                        "connected to"
+                    },
                     self.cfg.path.display(),
                     conn.client_id()
                 );
-                self.serial += 1;
-                self.discont = true;
-                self.dropped_seen = 0;
-                Some(conn)
+                if self.connected_once {
+                    self.serial += 1;
+                    self.discont = true;
+                    self.dropped_seen = 0;
+                }
+                self.connected_once = true;
+                self.shared.connected.store(true, Ordering::Release);
+                Ok(conn)
             }
-            Err(Error::Interrupted) => None,
+            Err(Error::Interrupted) => {
+                self.stop.clear();
+                Err(Step::Interrupted)
+            }
             Err(e) => {
-                self.push(Item::Error(gst::error_msg!(
-                    gst::ResourceError::OpenRead,
-                    ("Reconnecting failed: {}", e)
-                )));
-                None
+                self.done = true;
+                Err(Step::Item(Item::Error(if self.connected_once {
+                    gst::error_msg!(gst::ResourceError::OpenRead, ("Reconnecting failed: {}", e))
+                } else {
+                    gst::error_msg!(
+                        gst::ResourceError::OpenRead,
+                        (
+                            "Could not connect to a gpushmsink at {}: {}",
+                            self.cfg.path.display(),
+                            e
+                        )
+                    )
+                })))
             }
         }
     }
@@ -563,12 +750,14 @@ impl Worker {
             let mut q = self.shared.queue();
             while copy.is_some() && !q.items.is_empty() && !q.stopping && !q.paused {
                 // Woken as soon as downstream drops a frame (NotifyOnRelease) or takes one.
+                q.release_waiters += 1;
                 q = self
                     .shared
                     .cond
                     .wait_timeout(q, Duration::from_millis(5))
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                q.release_waiters -= 1;
                 copy = conn.should_copy();
             }
         }
@@ -584,12 +773,14 @@ impl Worker {
                     break;
                 }
                 // Woken as soon as downstream drops a frame (NotifyOnRelease).
+                q.release_waiters += 1;
                 q = self
                     .shared
                     .cond
                     .wait_timeout(q, left)
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
+                q.release_waiters -= 1;
                 copy = conn.should_copy();
             }
             drop(q);
