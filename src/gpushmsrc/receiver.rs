@@ -1,12 +1,13 @@
 // SPDX-License-Identifier: MPL-2.0
-//! gpushmsrc's receiver thread: connects, takes every frame from the ring the moment it
-//! arrives, whatever downstream is doing, and queues it for `create()`.
+//! gpushmsrc's reading of the ring: the streaming thread reads it itself while it waits in
+//! `create()` (one wake-up per frame), and a receiver thread connects and takes frames as they
+//! arrive whenever the streaming thread is away downstream for longer than [`GRACE`].
 //!
 //! Two rules keep downstream from ever stalling the stream or other consumers:
-//! - Frames are taken from the ring as they come, so a downstream element that blocks (a sink
-//!   waiting on its clock, a queue with a threshold) delays only this consumer's queue, bounded
-//!   by the `max-size-*` properties (leaky: the oldest queued frames go; lossless: the
-//!   producer waits, up to its max-wait).
+//! - Frames are taken from the ring as they come (by the receiver thread while downstream
+//!   blocks), so a downstream element that blocks (a sink waiting on its clock, a queue with a
+//!   threshold) delays only this consumer's queue, bounded by the `max-size-*` properties
+//!   (leaky: the oldest queued frames go; lossless: the producer waits, up to its max-wait).
 //! - A frame is kept zero-copy only while this consumer references fewer frames than the
 //!   budget the producer gives it; further frames are copied into system memory (one memcpy)
 //!   and their slot goes back at once. Downstream elements that keep frames (encoders, queues,
