@@ -7,8 +7,9 @@
  * read-only, and buffers point straight into it: no frame byte is copied. A slot goes back to
  * the producer when downstream drops the buffer.
  *
- * The source connects when it goes to PLAYING; a thread of its own takes each frame from the
- * ring as it arrives, whatever downstream is doing. While downstream keeps as many zero-copy
+ * The source connects when it goes to PLAYING. Its streaming thread takes each frame from the
+ * ring itself while it waits for one; when downstream holds that thread for more than 50 ms,
+ * a thread of its own takes frames as they arrive and queues them. While downstream keeps as many zero-copy
  * frames as the producer's client-budget allows (an encoder's lookahead, a queue with a
  * threshold, a sink keeping its last buffer), further frames are copied into system memory
  * (one copy each, `frames-copied`, one warning), so nothing downstream does can stall the

@@ -174,6 +174,23 @@ impl Shared {
         self.cond.notify_all();
     }
 
+    /// Waits up to `timeout` for downstream to drop a frame (NotifyOnRelease wakes only
+    /// waiters counted here), or for any other news on the queue.
+    fn wait_release<'a>(
+        &self,
+        mut q: MutexGuard<'a, Queue>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, Queue> {
+        q.release_waiters += 1;
+        q = self
+            .cond
+            .wait_timeout(q, timeout)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+        q.release_waiters -= 1;
+        q
+    }
+
     fn set_flushing(&self, flushing: bool) {
         self.queue().flushing = flushing;
         self.cond.notify_all();
@@ -751,14 +768,7 @@ impl Worker {
             let mut q = self.shared.queue();
             while copy.is_some() && !q.items.is_empty() && !q.stopping && !q.paused {
                 // Woken as soon as downstream drops a frame (NotifyOnRelease) or takes one.
-                q.release_waiters += 1;
-                q = self
-                    .shared
-                    .cond
-                    .wait_timeout(q, Duration::from_millis(5))
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                q.release_waiters -= 1;
+                q = self.shared.wait_release(q, Duration::from_millis(5));
                 copy = conn.should_copy();
             }
         }
@@ -774,14 +784,7 @@ impl Worker {
                     break;
                 }
                 // Woken as soon as downstream drops a frame (NotifyOnRelease).
-                q.release_waiters += 1;
-                q = self
-                    .shared
-                    .cond
-                    .wait_timeout(q, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-                q.release_waiters -= 1;
+                q = self.shared.wait_release(q, left);
                 copy = conn.should_copy();
             }
             drop(q);
