@@ -265,7 +265,8 @@ impl ConsumerRing {
                 e.slot, e.seq
             )));
         }
-        if m.payload_size == 0 || m.payload_size > self.geom.slot_size {
+        // Zero bytes is a valid buffer for caps other than raw video (a gap, an empty packet).
+        if m.payload_size > self.geom.slot_size {
             return Err(Error::corrupt(format!(
                 "frame {} claims {} bytes in a slot of {}",
                 e.seq, m.payload_size, self.geom.slot_size
@@ -703,6 +704,28 @@ mod tests {
     }
 
     #[test]
+    fn empty_buffer_is_a_frame() {
+        let (p, c) = open_pair(4, 4096);
+        let e = Entry {
+            seq: 3,
+            ring_gen: 1,
+            slot: 1,
+        };
+        // Caps other than raw video: no planes, zero bytes (an empty packet).
+        p.publish(
+            1,
+            3,
+            &FrameMeta {
+                payload_size: 0,
+                n_planes: 0,
+                ..meta(3, 1)
+            },
+        );
+        let (got, _) = c.read_frame(&e).expect("an empty frame is valid");
+        assert_eq!(got.payload_size, 0);
+    }
+
+    #[test]
     fn corrupted_descriptor_is_rejected() {
         let (p, c) = open_pair(4, 4096);
         let e = Entry {
@@ -713,10 +736,6 @@ mod tests {
         p.publish(2, 7, &meta(7, 4096));
         assert!(c.read_frame(&e).is_ok());
         let bad = [
-            FrameMeta {
-                payload_size: 0,
-                ..meta(7, 1)
-            },
             FrameMeta {
                 payload_size: 1 << 40,
                 ..meta(7, 1)
@@ -825,7 +844,7 @@ mod tests {
                 p.publish(slot.min(3), seq, &m);
                 if let Ok((got, ptr)) = c.read_frame(&Entry { seq: claim, ring_gen: 1, slot }) {
                     prop_assert!(slot < 4 && seq == claim);
-                    prop_assert!(got.payload_size > 0 && got.payload_size <= c.geometry().slot_size);
+                    prop_assert!(got.payload_size <= c.geometry().slot_size);
                     prop_assert!(got.n_planes as usize <= MAX_PLANES);
                     for i in 0..got.n_planes as usize {
                         prop_assert!(got.plane_offset[i] < got.payload_size);

@@ -59,6 +59,10 @@ const MAX_WAIT_NOT_LIVE: std::time::Duration = std::time::Duration::from_secs(1)
 const DEFAULT_CLIENT_BUDGET: u32 = 0;
 const DEFAULT_MAX_CLIENTS: u32 = 64;
 const DEFAULT_ALLOW_WRITABLE_RING: bool = false;
+/// Slot size for caps other than raw video (encoded video, audio, RTP, data).
+const DEFAULT_MAX_BUFFER_SIZE: u32 = 1 << 20;
+/// Caps travel in one control message.
+const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -72,6 +76,7 @@ struct Settings {
     client_budget: u32,
     max_clients: u32,
     allow_writable_ring: bool,
+    max_buffer_size: u32,
 }
 
 impl Default for Settings {
@@ -87,6 +92,7 @@ impl Default for Settings {
             client_budget: DEFAULT_CLIENT_BUDGET,
             max_clients: DEFAULT_MAX_CLIENTS,
             allow_writable_ring: DEFAULT_ALLOW_WRITABLE_RING,
+            max_buffer_size: DEFAULT_MAX_BUFFER_SIZE,
         }
     }
 }
@@ -101,6 +107,8 @@ enum State {
         cuda: Option<Arc<crate::cuda::Device>>,
         /// The device to register a ring with when upstream asks (cuda-register=auto).
         cuda_on_request: Option<i32>,
+        /// The raw video layout of `caps`; `None` for other caps (their buffers are opaque
+        /// bytes of any size up to the slot size).
         info: Option<gst_video::VideoInfo>,
         caps: Option<gst::Caps>,
         pool: Option<SlotPool>,
@@ -200,18 +208,25 @@ impl GpuShmSink {
             .build()
     }
 
-    /// Copies `buffer` into a free slot of the pool; returns the pool buffer.
+    /// Copies `buffer` into a free slot of the pool; returns the pool buffer. Raw video
+    /// (`info`) is copied plane by plane into the pool's layout; anything else byte for byte.
     fn copy_into_slot(
         &self,
         pool: &SlotPool,
-        info: &gst_video::VideoInfo,
+        info: Option<&gst_video::VideoInfo>,
         caps: &gst::Caps,
         buffer: &gst::Buffer,
     ) -> Result<gst::Buffer, gst::FlowError> {
         if !pool.is_active() {
+            let size = match info {
+                Some(info) => info.size() as u32,
+                None => pool.ring().map_or(0, |r| r.slot_size() as u32),
+            };
             let mut config = pool.config();
-            config.set_params(Some(caps), info.size() as u32, 0, 0);
-            config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+            config.set_params(Some(caps), size, 0, 0);
+            if info.is_some() {
+                config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+            }
             if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
                 gst::element_imp_error!(
                     self,
@@ -222,6 +237,28 @@ impl GpuShmSink {
             }
         }
         let mut out = pool.acquire_buffer(None)?;
+        let Some(info) = info else {
+            let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
+            outref.set_size(buffer.size());
+            let mut map = outref.map_writable().map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Failed,
+                    ("Could not map a ring slot")
+                );
+                gst::FlowError::Error
+            })?;
+            buffer.copy_to_slice(0, &mut map).map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Read,
+                    ("Could not read a buffer of {} bytes", buffer.size())
+                );
+                gst::FlowError::Error
+            })?;
+            drop(map);
+            return Ok(out);
+        };
         let src = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
             .map_err(|_| {
                 gst::element_imp_error!(
@@ -256,17 +293,53 @@ impl GpuShmSink {
 
     /// Makes the ring match `caps`: a new ring (announced to every client) when they change.
     fn configure(&self, caps: &gst::Caps) -> Result<(), gst::LoggableError> {
-        let info = gst_video::VideoInfo::from_caps(caps)
-            .map_err(|_| gst::loggable_error!(CAT, "Unsupported caps {}", caps))?;
-        if info.n_planes() as usize > MAX_PLANES {
-            return Err(gst::loggable_error!(
-                CAT,
-                "{} planes are more than {}",
-                info.n_planes(),
-                MAX_PLANES
-            ));
+        self.make_ring(caps, 0)
+    }
+
+    /// Makes the ring match `caps`, with slots of at least `min_slot` bytes: a new ring
+    /// (announced to every client like a caps change) when the caps change or a buffer does
+    /// not fit the current slots.
+    fn make_ring(&self, caps: &gst::Caps, min_slot: u64) -> Result<(), gst::LoggableError> {
+        let info = match stream_kind(caps) {
+            Ok(info) => info,
+            Err(msg) => {
+                gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", msg));
+                return Err(gst::loggable_error!(CAT, "{}", msg));
+            }
+        };
+        let caps_str = caps.to_string();
+        if caps_str.len() > MAX_CAPS_LEN {
+            let msg = format!(
+                "The caps are {} bytes long (their stream headers), more than the {} bytes consumers accept",
+                caps_str.len(),
+                MAX_CAPS_LEN
+            );
+            gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", msg));
+            return Err(gst::loggable_error!(CAT, "{}", msg));
         }
-        let slots = self.settings().slots;
+        let (slots, max_buffer) = {
+            let s = self.settings();
+            (s.slots, s.max_buffer_size as u64)
+        };
+        let slot_size = match &info {
+            Some(info) => info.size() as u64,
+            None if min_slot <= max_buffer => max_buffer,
+            // Room for bursts a bit larger than this one.
+            None => match min_slot.checked_next_power_of_two() {
+                Some(n) if n <= crate::ring::layout::MAX_SLOT_SIZE => n,
+                _ if min_slot <= crate::ring::layout::MAX_SLOT_SIZE => {
+                    crate::ring::layout::MAX_SLOT_SIZE
+                }
+                _ => {
+                    let msg = format!(
+                        "A buffer of {min_slot} bytes is larger than the largest slot ({} bytes)",
+                        crate::ring::layout::MAX_SLOT_SIZE
+                    );
+                    gst::element_imp_error!(self, gst::ResourceError::NoSpaceLeft, ("{}", msg));
+                    return Err(gst::loggable_error!(CAT, "{}", msg));
+                }
+            },
+        };
         let mut state = self.state();
         let State::Started {
             server,
@@ -280,7 +353,11 @@ impl GpuShmSink {
         else {
             return Err(gst::loggable_error!(CAT, "Not started"));
         };
-        if cur_caps.as_ref().is_some_and(|c| c == caps) {
+        let fits = pool
+            .as_ref()
+            .and_then(|p| p.ring())
+            .is_some_and(|r| r.slot_size() >= min_slot);
+        if fits && cur_caps.as_ref().is_some_and(|c| c == caps) {
             return Ok(());
         }
         // Slots come back to the ring's pool once no consumer references them.
@@ -294,11 +371,15 @@ impl GpuShmSink {
             })
         };
         let ring = server
-            .new_ring(slots, info.size() as u64, &caps.to_string(), requeue)
+            .new_ring(slots, slot_size, &caps_str, requeue)
             .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
         let new_pool = SlotPool::new(ring, Arc::downgrade(server), *cuda_on_request);
         let _ = cell.set(new_pool.clone());
-        gst::info!(CAT, imp = self, "new ring of {slots} slots for {caps}");
+        gst::info!(
+            CAT,
+            imp = self,
+            "new ring of {slots} slots of {slot_size} bytes for {caps}"
+        );
         if let (Some(dev), Some(ring)) = (cuda.as_ref(), new_pool.ring()) {
             if let Err(why) = super::pool::register_ring(dev, &ring) {
                 gst::warning!(CAT, imp = self, "{why}");
@@ -307,13 +388,17 @@ impl GpuShmSink {
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
         }
-        *cur_info = Some(info);
+        *cur_info = info;
         *cur_caps = Some(caps.clone());
         *live = None;
         Ok(())
     }
 
-    fn frame_meta(&self, buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> FrameMeta {
+    fn frame_meta(
+        &self,
+        buffer: &gst::BufferRef,
+        info: Option<&gst_video::VideoInfo>,
+    ) -> FrameMeta {
         let clock = |t: Option<gst::ClockTime>| -> u64 {
             let obj = self.obj();
             let seg = obj.segment();
@@ -343,11 +428,15 @@ impl GpuShmSink {
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
             latency: self.obj().latency().nseconds(),
             timecode: timecode(buffer),
-            video_format: info.format().into_glib() as u32,
-            width: info.width(),
-            height: info.height(),
             ..Default::default()
         };
+        // Other caps: opaque bytes, no planes.
+        let Some(info) = info else {
+            return m;
+        };
+        m.video_format = info.format().into_glib() as u32;
+        m.width = info.width();
+        m.height = info.height();
         let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
         {
             Some(vm) => (vm.offset().to_vec(), vm.stride().to_vec()),
@@ -360,6 +449,39 @@ impl GpuShmSink {
             m.plane_stride[i] = strides[i].max(0) as u32;
         }
         m
+    }
+}
+
+/// How the ring carries `caps`: raw video in system memory gets frame-sized slots and its
+/// layout (`Some`); anything else (encoded video, audio, RTP, data) travels as opaque buffers
+/// of any size (`None`). Buffers in device memory (NVMM, DMABuf, GL) cannot be shared by
+/// mapping them: an error that says what to do.
+fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, String> {
+    let (Some(st), Some(features)) = (caps.structure(0), caps.features(0)) else {
+        return Err(format!("Caps {caps} describe no stream"));
+    };
+    if !features.is_any() {
+        if let Some(f) = features.iter().find(|f| {
+            f.starts_with("memory:")
+                && f.as_str() != gst::CAPS_FEATURE_MEMORY_SYSTEM_MEMORY.as_str()
+        }) {
+            return Err(format!(
+                "gpushmsink shares buffers in system memory; caps with {f} are device memory: convert or download first (nvvidconv on Jetson, cudadownload, gldownload)"
+            ));
+        }
+    }
+    if st.name() != "video/x-raw" {
+        return Ok(None);
+    }
+    match gst_video::VideoInfo::from_caps(caps) {
+        Ok(info) if info.n_planes() as usize > MAX_PLANES => Err(format!(
+            "{} planes are more than {}",
+            info.n_planes(),
+            MAX_PLANES
+        )),
+        Ok(info) => Ok(Some(info)),
+        // Raw video GstVideo does not know: its bytes travel as they are.
+        Err(_) => Ok(None),
     }
 }
 
@@ -460,6 +582,14 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_ALLOW_WRITABLE_RING)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt::builder("max-buffer-size")
+                    .nick("Max buffer size")
+                    .blurb("Slot size in bytes for caps other than raw video (encoded video, audio, RTP, any data): the largest buffer expected. A larger buffer (an I-frame burst) is never cut or refused: it gets a new ring with slots of the next power of two, announced to consumers like a caps change. Raw video slots are always one frame")
+                    .minimum(4096)
+                    .maximum(crate::ring::layout::MAX_SLOT_SIZE as u32)
+                    .default_value(DEFAULT_MAX_BUFFER_SIZE)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt::builder("num-clients")
                     .nick("Number of clients")
                     .blurb("Consumers connected now")
@@ -507,6 +637,7 @@ impl ObjectImpl for GpuShmSink {
             "client-budget" => s.client_budget = value.get().expect("type checked"),
             "max-clients" => s.max_clients = value.get().expect("type checked"),
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
+            "max-buffer-size" => s.max_buffer_size = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -534,6 +665,7 @@ impl ObjectImpl for GpuShmSink {
             "client-budget" => self.settings().client_budget.to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
             "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
+            "max-buffer-size" => self.settings().max_buffer_size.to_value(),
             "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),
             "stats" => self.stats_structure().to_value(),
             _ => unimplemented!(),
@@ -558,7 +690,7 @@ impl ElementImpl for GpuShmSink {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: Lazy<Vec<gst::PadTemplate>> = Lazy::new(|| {
-            let caps = gst::Caps::builder("video/x-raw").build();
+            let caps = gst::Caps::new_any();
             vec![gst::PadTemplate::new(
                 "sink",
                 gst::PadDirection::Sink,
@@ -760,7 +892,7 @@ impl BaseSinkImpl for GpuShmSink {
         let (server, info, caps, pool, live) = match &*self.state() {
             State::Started {
                 server,
-                info: Some(info),
+                info,
                 caps: Some(caps),
                 pool: Some(pool),
                 live,
@@ -781,10 +913,26 @@ impl BaseSinkImpl for GpuShmSink {
                 return Err(gst::FlowError::NotNegotiated);
             }
         };
+        let ring = pool.ring().ok_or(gst::FlowError::Error)?;
+        if info.is_none() && buffer.size() as u64 > ring.slot_size() {
+            // Never cut or refuse a large buffer: a new ring with larger slots, announced to
+            // consumers like a caps change. Then render again into it.
+            gst::info!(
+                CAT,
+                imp = self,
+                "a buffer of {} bytes does not fit slots of {}: new ring",
+                buffer.size(),
+                ring.slot_size()
+            );
+            self.make_ring(&caps, buffer.size() as u64).map_err(|e| {
+                e.log_with_imp(self);
+                gst::FlowError::Error
+            })?;
+            return self.render(buffer);
+        }
         if wait && !server.wait_for_client() {
             return Err(gst::FlowError::Flushing);
         }
-        let ring = pool.ring().ok_or(gst::FlowError::Error)?;
         let gen = ring.ring_gen();
         let own = pool
             .slot_of(buffer)
@@ -792,7 +940,7 @@ impl BaseSinkImpl for GpuShmSink {
         let (slot, frame) = match own {
             Some(slot) => (slot, buffer.clone()),
             None => {
-                let out = self.copy_into_slot(&pool, &info, &caps, buffer)?;
+                let out = self.copy_into_slot(&pool, info.as_ref(), &caps, buffer)?;
                 server.count_copy();
                 let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
                 gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
@@ -809,15 +957,17 @@ impl BaseSinkImpl for GpuShmSink {
                 (slot, out)
             }
         };
-        let mut meta = self.frame_meta(&frame, &info);
+        let mut meta = self.frame_meta(&frame, info.as_ref());
         if own.is_none() {
             // Metas stay on the original.
             meta.timecode = timecode(buffer);
             // The copy has the pool's default layout.
-            meta.n_planes = info.n_planes();
-            for i in 0..info.n_planes() as usize {
-                meta.plane_offset[i] = info.offset()[i] as u64;
-                meta.plane_stride[i] = info.stride()[i].max(0) as u32;
+            if let Some(info) = &info {
+                meta.n_planes = info.n_planes();
+                for i in 0..info.n_planes() as usize {
+                    meta.plane_offset[i] = info.offset()[i] as u64;
+                    meta.plane_stride[i] = info.stride()[i].max(0) as u32;
+                }
             }
         }
         let live = live.unwrap_or_else(|| {
@@ -832,7 +982,7 @@ impl BaseSinkImpl for GpuShmSink {
             live
         });
         let duration = frame.duration().or_else(|| {
-            let fps = info.fps();
+            let fps = info.as_ref()?.fps();
             (fps.numer() > 0).then(|| {
                 gst::ClockTime::SECOND
                     .mul_div_floor(fps.denom() as u64, fps.numer() as u64)

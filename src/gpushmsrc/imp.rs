@@ -446,11 +446,23 @@ impl GpuShmSrc {
         })?;
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
         self.obj().set_caps(&caps).map_err(|_| {
-            gst::element_imp_error!(
-                self,
-                gst::CoreError::Negotiation,
-                ("Downstream refused the producer's caps {}", caps)
-            );
+            let raw = caps
+                .structure(0)
+                .is_some_and(|s| s.name().starts_with("video/x-raw"));
+            if raw {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ("Downstream refused the producer's caps {}", caps)
+                );
+            } else {
+                gst::element_imp_error!(
+                    self,
+                    gst::CoreError::Negotiation,
+                    ("Downstream refused the producer's caps {}", caps),
+                    ["The producer shares {} buffers, not raw video: elements that need raw video (cudasum, videoconvert, ...) need a parser and decoder before them", caps.structure(0).map_or("", |s| s.name().as_str())]
+                );
+            }
             gst::FlowError::NotNegotiated
         })
     }
@@ -549,6 +561,11 @@ impl ObjectImpl for GpuShmSrc {
                     .blurb("Frames copied into system memory instead of pointing into the ring, because downstream kept as many zero-copy frames as the producer's client-budget allows")
                     .read_only()
                     .build(),
+                glib::ParamSpecUInt64::builder("frames-skipped")
+                    .nick("Frames skipped")
+                    .blurb("Buffers of an encoded stream skipped while waiting for a keyframe (DELTA_UNIT buffers after joining mid-stream or after frames were dropped), so that decoders start clean")
+                    .read_only()
+                    .build(),
             ]
         });
         PROPERTIES.as_ref()
@@ -600,6 +617,10 @@ impl ObjectImpl for GpuShmSrc {
                 .shared()
                 .map_or(0u64, |s| s.copied.load(Ordering::Relaxed))
                 .to_value(),
+            "frames-skipped" => self
+                .shared()
+                .map_or(0u64, |s| s.skipped.load(Ordering::Relaxed))
+                .to_value(),
             _ => unimplemented!(),
         }
     }
@@ -650,7 +671,7 @@ impl ElementImpl for GpuShmSrc {
 
     fn pad_templates() -> &'static [gst::PadTemplate] {
         static TEMPLATES: Lazy<Vec<gst::PadTemplate>> = Lazy::new(|| {
-            let caps = gst::Caps::builder("video/x-raw").build();
+            let caps = gst::Caps::new_any();
             vec![gst::PadTemplate::new(
                 "src",
                 gst::PadDirection::Src,
@@ -871,8 +892,31 @@ impl PushSrcImpl for GpuShmSrc {
                         .obj()
                         .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
                 }
+                let headers = std::mem::take(&mut f.headers);
                 drop(f);
-                Ok(CreateSuccess::NewBuffer(buffer))
+                if headers.is_empty() {
+                    return Ok(CreateSuccess::NewBuffer(buffer));
+                }
+                // Joined mid-stream: the caps' stream headers first, as multifdsink sends
+                // them to a new client.
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "joined mid-stream: {} stream headers first",
+                    headers.len()
+                );
+                let mut list = gst::BufferList::new_sized(headers.len() + 1);
+                {
+                    let l = list.get_mut().ok_or(gst::FlowError::Error)?;
+                    for mut h in headers {
+                        let hb = h.make_mut();
+                        hb.set_pts(buffer.pts());
+                        hb.set_dts(buffer.dts());
+                        l.add(h);
+                    }
+                    l.add(buffer);
+                }
+                Ok(CreateSuccess::NewBufferList(list))
             }
             Item::Eos => Err(gst::FlowError::Eos),
             Item::Error(msg) => {

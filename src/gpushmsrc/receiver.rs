@@ -79,6 +79,18 @@ pub(super) struct Received {
     pub conn_serial: u64,
     /// The ring and address of a zero-copy frame (`None`: copied), for CUDA registration.
     pub slot: Option<(Arc<ConsumerRing>, usize)>,
+    /// Stream headers from the caps to push before this buffer: it is the first one of a
+    /// connection that joined a stream mid-way.
+    pub headers: Vec<gst::Buffer>,
+}
+
+/// What a caps string describes.
+#[derive(Clone)]
+struct Stream {
+    /// Raw video: its layout. `None`: any other caps, whose buffers are opaque bytes.
+    video: Option<gst_video::VideoInfo>,
+    /// `streamheader` of the caps (HEADER buffers a decoder or demuxer needs first).
+    headers: Vec<gst::Buffer>,
 }
 
 pub(super) enum Item {
@@ -126,6 +138,8 @@ pub(super) struct Shared {
     pub queue_dropped: AtomicU64,
     /// Frames copied out of the ring because downstream kept our zero-copy ones.
     pub copied: AtomicU64,
+    /// Frames of an encoded stream skipped while waiting for a keyframe.
+    pub skipped: AtomicU64,
     pub received: AtomicU64,
     /// Downstream asked for GpuShmCudaMeta and the GPU cannot register read-only memory:
     /// reconnect asking for a writable ring.
@@ -430,6 +444,8 @@ impl Receiver {
             done: false,
             serial: 0,
             info: None,
+            need_keyframe: true,
+            fresh: true,
             discont: true,
             dropped_seen: 0,
             dropped_base: 0,
@@ -489,8 +505,13 @@ struct Worker {
     /// EOS or a fatal error was handed out: nothing more is read.
     done: bool,
     serial: u64,
-    /// Video info of the caps string last seen.
-    info: Option<(Arc<str>, gst_video::VideoInfo)>,
+    /// What the caps string last seen describes.
+    info: Option<(Arc<str>, Stream)>,
+    /// Encoded streams: skip frames that depend on earlier ones (DELTA_UNIT) until a
+    /// keyframe, after connecting and after frames were missed.
+    need_keyframe: bool,
+    /// No frame was built yet on this connection (stream headers go first).
+    fresh: bool,
     discont: bool,
     dropped_seen: u64,
     dropped_base: u64,
@@ -524,7 +545,9 @@ impl Worker {
                 }
                 let arrival_ns = crate::ring::monotonic_ns();
                 match self.build(&conn, frame, arrival_ns) {
-                    Ok(r) => Step::Item(Item::Frame(r)),
+                    Ok(Some(r)) => Step::Item(Item::Frame(r)),
+                    // Skipped (waiting for a keyframe): read on.
+                    Ok(None) => Step::Interrupted,
                     Err(e) => {
                         self.done = true;
                         Step::Item(Item::Error(e))
@@ -621,6 +644,8 @@ impl Worker {
                     self.discont = true;
                     self.dropped_seen = 0;
                 }
+                self.need_keyframe = true;
+                self.fresh = true;
                 self.connected_once = true;
                 self.shared.connected.store(true, Ordering::Release);
                 Ok(conn)
@@ -721,10 +746,10 @@ impl Worker {
         c.max_time > 0 && oldest.is_some_and(|o| arrival_ns.saturating_sub(o) >= c.max_time)
     }
 
-    fn video_info(&mut self, caps: &Arc<str>) -> Result<gst_video::VideoInfo, gst::ErrorMessage> {
-        if let Some((c, info)) = &self.info {
+    fn stream(&mut self, caps: &Arc<str>) -> Result<Stream, gst::ErrorMessage> {
+        if let Some((c, stream)) = &self.info {
             if c == caps {
-                return Ok(info.clone());
+                return Ok(stream.clone());
             }
         }
         let parsed = gst::Caps::from_str(caps).map_err(|_| {
@@ -733,14 +758,33 @@ impl Worker {
                 ("The producer sent unparsable caps {}", caps)
             )
         })?;
-        let info = gst_video::VideoInfo::from_caps(&parsed).map_err(|_| {
+        let st = parsed.structure(0).ok_or_else(|| {
             gst::error_msg!(
                 gst::StreamError::Format,
-                ("The producer sent unsupported caps {}", caps)
+                ("The producer sent empty caps {}", caps)
             )
         })?;
-        self.info = Some((caps.clone(), info.clone()));
-        Ok(info)
+        let video = if st.name() == "video/x-raw" {
+            // The producer sends planes for what GstVideo knows, and opaque bytes otherwise.
+            gst_video::VideoInfo::from_caps(&parsed).ok()
+        } else {
+            None
+        };
+        let headers = st
+            .get::<gst::Array>("streamheader")
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.get::<gst::Buffer>().ok())
+                    .map(|mut b| {
+                        b.make_mut().set_flags(gst::BufferFlags::HEADER);
+                        b
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let stream = Stream { video, headers };
+        self.info = Some((caps.clone(), stream.clone()));
+        Ok(stream)
     }
 
     /// Wraps a frame in a buffer: zero-copy while we are within our budget, otherwise a copy
@@ -750,15 +794,46 @@ impl Worker {
         conn: &Subscriber,
         frame: Frame,
         arrival_ns: u64,
-    ) -> Result<Received, gst::ErrorMessage> {
-        let info = self.video_info(&frame.caps)?;
-        check_layout(&frame, &info).map_err(|msg| {
-            gst::error_msg!(
-                gst::StreamError::Decode,
-                ("The producer sent an invalid frame: {}", msg)
-            )
-        })?;
+    ) -> Result<Option<Received>, gst::ErrorMessage> {
+        let stream = self.stream(&frame.caps)?;
+        if let Some(info) = &stream.video {
+            check_layout(&frame, info).map_err(|msg| {
+                gst::error_msg!(
+                    gst::StreamError::Decode,
+                    ("The producer sent an invalid frame: {}", msg)
+                )
+            })?;
+        }
         let m = frame.meta;
+        if stream.video.is_none() {
+            let dropped = conn.dropped();
+            if dropped != self.dropped_seen {
+                // Frames were missed: what follows may refer to them.
+                self.need_keyframe = true;
+            }
+            let flags = gst::BufferFlags::from_bits_truncate(m.buffer_flags);
+            if self.need_keyframe
+                && flags.contains(gst::BufferFlags::DELTA_UNIT)
+                && !flags.contains(gst::BufferFlags::HEADER)
+            {
+                // A decoder cannot start here: wait for the next keyframe.
+                self.dropped_seen = dropped;
+                self.discont = true;
+                self.shared.skipped.fetch_add(1, Ordering::Relaxed);
+                return Ok(None);
+            }
+            self.need_keyframe = false;
+        }
+        // The first buffer of a connection that joined mid-way: the caps' stream headers go
+        // first (a buffer flagged HEADER means we joined at the start, where they are).
+        let headers = if std::mem::take(&mut self.fresh)
+            && !gst::BufferFlags::from_bits_truncate(m.buffer_flags)
+                .contains(gst::BufferFlags::HEADER)
+        {
+            stream.headers.clone()
+        } else {
+            Vec::new()
+        };
         let size = m.payload_size as usize;
         let mut copy = conn.should_copy();
         if copy.is_some() && self.cfg.opts.lossless && !m.live {
@@ -794,7 +869,11 @@ impl Worker {
             self.gave_up_waiting = false;
         }
         let mut slot = None;
-        let mem = if let Some(held) = copy {
+        let mem = if size == 0 {
+            // An empty buffer (caps other than raw video): nothing to map or keep.
+            drop(frame.lease);
+            None
+        } else if let Some(held) = copy {
             let mut mem = gst::Memory::with_size(size);
             {
                 let mem = mem.get_mut().ok_or_else(|| {
@@ -814,7 +893,7 @@ impl Worker {
                 self.warn_copy(conn, held, n);
             }
             drop(frame.lease);
-            mem
+            Some(mem)
         } else {
             slot = Some((frame.lease.ring().clone(), frame.ptr as usize));
             if self.cfg.opts.writable_ring
@@ -830,7 +909,7 @@ impl Worker {
                     );
                 }
             }
-            wrap_slot_memory(
+            Some(wrap_slot_memory(
                 frame.ptr as *mut u8,
                 size,
                 size,
@@ -839,14 +918,16 @@ impl Worker {
                     lease: Some(frame.lease),
                     shared: Arc::downgrade(&self.shared),
                 }),
-            )
+            ))
         };
         let mut buffer = gst::Buffer::new();
         {
             let b = buffer.get_mut().ok_or_else(|| {
                 gst::error_msg!(gst::CoreError::Failed, ("A new buffer is not writable"))
             })?;
-            b.append_memory(mem);
+            if let Some(mem) = mem {
+                b.append_memory(mem);
+            }
             b.set_duration(clock_time(m.duration));
             b.set_offset(m.offset);
             b.set_offset_end(m.offset_end);
@@ -864,24 +945,26 @@ impl Worker {
                 self.dropped_seen = dropped;
             }
             b.set_flags(flags);
-            let n = m.n_planes as usize;
-            let offsets: Vec<usize> = m.plane_offset[..n].iter().map(|&o| o as usize).collect();
-            let strides: Vec<i32> = m.plane_stride[..n].iter().map(|&s| s as i32).collect();
-            gst_video::VideoMeta::add_full(
-                b,
-                frame_flags(m.buffer_flags),
-                info.format(),
-                info.width(),
-                info.height(),
-                &offsets,
-                &strides,
-            )
-            .map_err(|_| {
-                gst::error_msg!(
-                    gst::StreamError::Decode,
-                    ("The producer's plane layout does not fit the frame")
+            if let Some(info) = &stream.video {
+                let n = m.n_planes as usize;
+                let offsets: Vec<usize> = m.plane_offset[..n].iter().map(|&o| o as usize).collect();
+                let strides: Vec<i32> = m.plane_stride[..n].iter().map(|&s| s as i32).collect();
+                gst_video::VideoMeta::add_full(
+                    b,
+                    frame_flags(m.buffer_flags),
+                    info.format(),
+                    info.width(),
+                    info.height(),
+                    &offsets,
+                    &strides,
                 )
-            })?;
+                .map_err(|_| {
+                    gst::error_msg!(
+                        gst::StreamError::Decode,
+                        ("The producer's plane layout does not fit the frame")
+                    )
+                })?;
+            }
             if let Some(ts) = clock_time(m.publish_ns) {
                 gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
             }
@@ -911,14 +994,15 @@ impl Worker {
         if m.latency != NONE_U64 {
             self.shared.latency.store(m.latency, Ordering::Relaxed);
         }
-        Ok(Received {
+        Ok(Some(Received {
             buffer,
             meta: m,
             caps: frame.caps.clone(),
             arrival_ns,
             conn_serial: self.serial,
             slot,
-        })
+            headers,
+        }))
     }
 
     fn warn_copy(&self, conn: &Subscriber, held: usize, n: u64) {
