@@ -20,6 +20,8 @@ gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 && gst-inspect-1.0 mp4mux >/dev/null 
   gst-inspect-1.0 matroskamux >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
 # The recording tests encode with x264enc (plugins-ugly) and parse with h264parse (plugins-bad).
 gst-inspect-1.0 x264enc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-ugly)
+# The encoded-stream tests decode H.264 with avdec_h264 (gst-libav).
+gst-inspect-1.0 avdec_h264 >/dev/null 2>&1 || pkgs+=(gstreamer1.0-libav)
 pkg-config --exists fontconfig freetype2 2>/dev/null || pkgs+=(libfontconfig-dev libfreetype-dev fonts-dejavu-core)
 command -v meson >/dev/null 2>&1 || pkgs+=(meson)
 command -v ninja >/dev/null 2>&1 || pkgs+=(ninja-build)

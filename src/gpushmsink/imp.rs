@@ -9,6 +9,12 @@
  * Buffers that do not come from the pool are copied once into a free slot (counted in
  * `stats` as frames-copied).
  *
+ * Any caps travel, like with shmsink: encoded video (H.264, H.265, JPEG), audio, RTP, data.
+ * Raw video gets frame-sized slots; other caps get slots of `max-buffer-size`, and a larger
+ * buffer gets a new ring with larger slots (never cut or refused). Timestamps, offsets, every
+ * buffer flag and the caps (streamheader, codec_data) reach the consumers. Caps in device
+ * memory (memory:NVMM, DMABuf, GL) are refused: convert to system memory first.
+ *
  * The ring is a sealed memfd handed to consumers over the unix socket at `socket-path`, so
  * nothing is ever left in /dev/shm, even after kill -9. A consumer that goes away gives back
  * every slot it held at once; slow consumers are leaky unless they ask to be lossless.
@@ -238,6 +244,10 @@ impl GpuShmSink {
         }
         let mut out = pool.acquire_buffer(None)?;
         let Some(info) = info else {
+            if buffer.size() == 0 {
+                // An empty buffer: the slot is only its place in the stream (payload 0).
+                return Ok(out);
+            }
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             outref.set_size(buffer.size());
             let mut map = outref.map_writable().map_err(|_| {
@@ -681,7 +691,7 @@ impl ElementImpl for GpuShmSink {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video sink",
                 "Sink/Video",
-                "Shares raw video with gpushmsrc in other processes through a zero-copy shared-memory ring that CUDA can read in place. Example: gst-launch-1.0 videotestsrc is-live=true ! video/x-raw,format=NV12,width=1920,height=1080 ! gpushmsink socket-path=/tmp/cam",
+                "Shares video (raw or encoded), audio or any stream with gpushmsrc in other processes through a shared-memory ring; raw video is zero-copy and CUDA reads it in place. Example: gst-launch-1.0 videotestsrc is-live=true ! video/x-raw,format=NV12,width=1920,height=1080 ! gpushmsink socket-path=/tmp/cam",
                 "gpushm developers",
             )
         });
@@ -958,6 +968,9 @@ impl BaseSinkImpl for GpuShmSink {
             }
         };
         let mut meta = self.frame_meta(&frame, info.as_ref());
+        if info.is_none() {
+            meta.payload_size = buffer.size() as u64;
+        }
         if own.is_none() {
             // Metas stay on the original.
             meta.timecode = timecode(buffer);

@@ -154,6 +154,7 @@ mod imp {
             st.size = size as usize;
             st.video_info = caps
                 .as_ref()
+                .filter(|c| c.structure(0).is_some_and(|s| s.name() == "video/x-raw"))
                 .and_then(|c| gst_video::VideoInfo::from_caps(c).ok());
             let cuda_id = st.cuda_on_request;
             drop(st);

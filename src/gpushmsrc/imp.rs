@@ -3,7 +3,8 @@
  * SECTION:element-gpushmsrc
  * @see_also: gpushmsink, shmsrc, unixfdsrc
  *
- * Receives raw video from a gpushmsink in another process. The producer's ring is mapped once,
+ * Receives a stream (raw or encoded video, audio, RTP, any caps) from a gpushmsink in another
+ * process, with the producer's caps. The producer's ring is mapped once,
  * read-only, and buffers point straight into it: no frame byte is copied. A slot goes back to
  * the producer when downstream drops the buffer.
  *
@@ -88,6 +89,9 @@ const MAX_PRODUCER_LATENCY: u64 = 10_000_000_000;
 /// A producer on our clock publishes its frames at most this long after their timestamps;
 /// frames stamped earlier come from another clock.
 const DIRECT_WINDOW: u64 = 10_000_000_000;
+/// A stream joined mid-way is delayed at most this much to keep its timestamps continuous
+/// (see [`Mapping::Delayed`]); older first frames start a new run at running time 0 instead.
+const MAX_JOIN_DELAY: u64 = 1_000_000_000;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -134,6 +138,11 @@ enum Mapping {
     /// before this pipeline started, or run ahead of real time): each frame is placed at the
     /// moment it was published, keeping the producer's spacing.
     Shifted(i128),
+    /// On our clock, but the first frame was stamped before this pipeline started (it
+    /// joined a running stream): every frame is delayed by this many ns, so that the first
+    /// one starts at running time 0 and the spacing (audio continuity) holds. Answered as
+    /// latency on top of the producer's.
+    Delayed(i128),
 }
 
 struct Started {
@@ -200,12 +209,17 @@ impl GpuShmSrc {
         if matches!(st.mapping, Mapping::Shifted(_)) {
             return SHIFT_MARGIN;
         }
-        match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
-            NONE_U64 => 0,
-            // A producer claiming more is broken or hostile: sinks would wait that long.
-            l if l > MAX_PRODUCER_LATENCY => 0,
-            l => l,
-        }
+        let delay = match st.mapping {
+            Mapping::Delayed(d) => d.clamp(0, MAX_JOIN_DELAY as i128) as u64,
+            _ => 0,
+        };
+        delay
+            + match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
+                NONE_U64 => 0,
+                // A producer claiming more is broken or hostile: sinks would wait that long.
+                l if l > MAX_PRODUCER_LATENCY => 0,
+                l => l,
+            }
     }
 
     /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
@@ -255,7 +269,11 @@ impl GpuShmSrc {
             st.mapping = if pts_clock <= pub_ours + tolerance
                 && pts_clock >= pub_ours - DIRECT_WINDOW as i128
             {
-                Mapping::Direct
+                if pts_clock < base && base - pts_clock <= MAX_JOIN_DELAY as i128 {
+                    Mapping::Delayed(base - pts_clock)
+                } else {
+                    Mapping::Direct
+                }
             } else {
                 if pts_clock > pub_ours {
                     self.warn_clock(st, (pts_clock - pub_ours) as u64);
@@ -267,12 +285,14 @@ impl GpuShmSrc {
             };
             self.post_latency_if_changed(st);
         }
-        let shift = match st.mapping {
-            Mapping::Shifted(s) => s,
-            _ => 0,
+        let (shift, delay) = match st.mapping {
+            Mapping::Shifted(s) => (s, 0),
+            Mapping::Delayed(d) => (d, d),
+            _ => (0, 0),
         };
         let mut mapped = pts_clock + shift;
-        if mapped > pub_ours + tolerance {
+        // A delayed stream is ahead of its publish times by the delay, on purpose.
+        if mapped - delay > pub_ours + tolerance {
             // Runs ahead of real time (a producer that is not live, with sync=false): place
             // frames at their publish time from now on, never before the previous one.
             self.warn_clock(st, (mapped - pub_ours) as u64);
@@ -445,26 +465,35 @@ impl GpuShmSrc {
             gst::FlowError::NotNegotiated
         })?;
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
+        // A refused caps event is only seen at the next push, as not-negotiated: ask first.
+        if !self.obj().src_pad().peer_query_accept_caps(&caps) {
+            self.refused(&caps);
+            return Err(gst::FlowError::NotNegotiated);
+        }
         self.obj().set_caps(&caps).map_err(|_| {
-            let raw = caps
-                .structure(0)
-                .is_some_and(|s| s.name().starts_with("video/x-raw"));
-            if raw {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    ("Downstream refused the producer's caps {}", caps)
-                );
-            } else {
-                gst::element_imp_error!(
-                    self,
-                    gst::CoreError::Negotiation,
-                    ("Downstream refused the producer's caps {}", caps),
-                    ["The producer shares {} buffers, not raw video: elements that need raw video (cudasum, videoconvert, ...) need a parser and decoder before them", caps.structure(0).map_or("", |s| s.name().as_str())]
-                );
-            }
+            self.refused(&caps);
             gst::FlowError::NotNegotiated
         })
+    }
+
+    /// Posts the error for downstream refusing the producer's `caps`, with a hint when they
+    /// are not raw video.
+    fn refused(&self, caps: &gst::Caps) {
+        let name = caps.structure(0).map_or("", |s| s.name().as_str());
+        if name.starts_with("video/x-raw") {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                ("Downstream refused the producer's caps {}", caps)
+            );
+        } else {
+            gst::element_imp_error!(
+                self,
+                gst::CoreError::Negotiation,
+                ("Downstream refused the producer's caps {}", caps),
+                ["The producer shares {} buffers, not raw video: elements that need raw video (cudasum, videoconvert, ...) need a parser and decoder before them", name]
+            );
+        }
     }
 }
 
@@ -662,7 +691,7 @@ impl ElementImpl for GpuShmSrc {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video source",
                 "Source/Video",
-                "Receives raw video from a gpushmsink in another process without copying frame bytes; caps come from the producer. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
+                "Receives raw or encoded video, audio or any stream from a gpushmsink in another process without copying its bytes; caps come from the producer. Joining an encoded stream, it starts at a keyframe, after the caps' stream headers. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
                 "gpushm developers",
             )
         });

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Caps other than raw video: H.264, JPEG, audio, RTP and arbitrary data, with real producer
+//! and consumer processes (gst-launch-1.0). The producer decodes the very stream it shares in
+//! its own process (a tee before gpushmsink); every consumer must decode the same frames,
+//! checksum for checksum.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+use gst_check::Harness;
+
+/// Real-time pipelines: one at a time on a 2-core machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `(pts, checksum)` of each line checksumsink printed.
+fn checksums(lines: &[String]) -> Vec<(String, String)> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (t, c) = (it.next()?, it.next()?);
+            (c.len() == 40 && c.chars().all(|c| c.is_ascii_hexdigit()) && it.next().is_none())
+                .then(|| (t.to_string(), c.to_string()))
+        })
+        .collect()
+}
+
+fn sums(lines: &[String]) -> Vec<String> {
+    checksums(lines).into_iter().map(|(_, c)| c).collect()
+}
+
+/// Runs the producer `pipeline` (with `{sock}` replaced) and a consumer `consumer` (same), the
+/// consumer started `delay` after the producer's socket appeared. Returns (producer lines,
+/// consumer lines); both must exit 0.
+fn run_pair(
+    sock: &Path,
+    producer: &str,
+    consumer: &str,
+    delay: Duration,
+) -> (Vec<String>, Vec<String>) {
+    let s = sock.to_str().unwrap();
+    let p = Proc::spawn(gst_launch(&producer.replace("{sock}", s)), "producer");
+    wait_for_path(sock, Duration::from_secs(10));
+    std::thread::sleep(delay);
+    let c = Proc::spawn(gst_launch(&consumer.replace("{sock}", s)), "consumer");
+    let (cs, cout) = c.finish(Duration::from_secs(60));
+    let (ps, pout) = p.finish(Duration::from_secs(60));
+    assert!(
+        ps.success(),
+        "producer failed: {ps}\n{}\nconsumer:\n{}",
+        pout.join("\n"),
+        cout.join("\n")
+    );
+    assert!(
+        cs.success(),
+        "consumer failed: {cs}\n{}\nproducer:\n{}",
+        cout.join("\n"),
+        pout.join("\n")
+    );
+    (pout, cout)
+}
+
+const H264: &str = "x264enc key-int-max=15 threads=1 tune=zerolatency ! h264parse";
+
+#[test]
+fn h264_decodes_frame_for_frame_like_in_one_process() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("h264.sock");
+    let (p, c) = run_pair(
+        &sock,
+        &format!(
+            "videotestsrc num-buffers=60 pattern=ball ! video/x-raw,width=320,height=240,framerate=30/1 \
+             ! {H264} ! tee name=t t. ! queue ! gpushmsink socket-path={{sock}} wait-for-connection=true \
+             t. ! queue ! avdec_h264 ! checksumsink"
+        ),
+        "gpushmsrc socket-path={sock} lossless=true ! h264parse ! avdec_h264 ! checksumsink",
+        Duration::ZERO,
+    );
+    let (reference, got) = (sums(&p), sums(&c));
+    assert_eq!(reference.len(), 60, "{p:?}");
+    assert_eq!(got, reference, "decoded frames differ");
+}
+
+#[test]
+fn jpeg_decodes_frame_for_frame_like_in_one_process() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("jpeg.sock");
+    let (p, c) = run_pair(
+        &sock,
+        "videotestsrc num-buffers=30 pattern=smpte ! video/x-raw,width=320,height=240,framerate=30/1 \
+         ! jpegenc ! tee name=t t. ! queue ! gpushmsink socket-path={sock} wait-for-connection=true \
+         t. ! queue ! jpegdec ! checksumsink",
+        "gpushmsrc socket-path={sock} lossless=true ! jpegdec ! checksumsink",
+        Duration::ZERO,
+    );
+    let (reference, got) = (sums(&p), sums(&c));
+    assert_eq!(reference.len(), 30, "{p:?}");
+    assert_eq!(got, reference, "decoded frames differ");
+}
+
+#[test]
+fn a_consumer_joining_two_seconds_late_decodes_from_its_first_keyframe() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("late.sock");
+    // Live, 4 s, a keyframe every half second: the consumer joins mid-GOP.
+    let (p, c) = run_pair(
+        &sock,
+        &format!(
+            "videotestsrc is-live=true num-buffers=120 pattern=ball ! video/x-raw,width=320,height=240,framerate=30/1 \
+             ! {H264} ! tee name=t t. ! queue ! gpushmsink socket-path={{sock}} \
+             t. ! queue ! avdec_h264 ! checksumsink"
+        ),
+        "gpushmsrc socket-path={sock} ! h264parse ! avdec_h264 ! checksumsink",
+        Duration::from_millis(2000),
+    );
+    let (reference, got) = (sums(&p), sums(&c));
+    assert_eq!(reference.len(), 120);
+    assert!(
+        got.len() >= 20 && got.len() <= 100,
+        "joined 2 s into 4 s and got {} frames",
+        got.len()
+    );
+    // Its first frame is a keyframe of the stream (every 15th), and from there it decodes
+    // exactly what the producer decoded: no broken frame, none missing.
+    let start = reference
+        .iter()
+        .position(|r| *r == got[0])
+        .expect("the first decoded frame is one of the producer's");
+    assert_eq!(start % 15, 0, "started at frame {start}, not at a keyframe");
+    assert_eq!(
+        got,
+        reference[start..start + got.len()],
+        "decoded frames differ"
+    );
+    assert_eq!(start + got.len(), 120, "the end of the stream is missing");
+}
+
+#[test]
+fn audio_arrives_byte_exact_with_continuous_timestamps() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("audio.sock");
+    // Live: consumers keep the producer's spacing. 100 buffers of 1024 frames at 48 kHz
+    // (2.1 s); the consumer joins after half a second and gets the rest.
+    let (p, c) = run_pair(
+        &sock,
+        "audiotestsrc is-live=true num-buffers=100 samplesperbuffer=1024 wave=ticks \
+         ! audio/x-raw,format=S16LE,rate=48000,channels=2,layout=interleaved \
+         ! tee name=t t. ! queue ! gpushmsink socket-path={sock} \
+         t. ! queue ! checksumsink",
+        "gpushmsrc socket-path={sock} lossless=true ! audio/x-raw,format=S16LE,rate=48000,channels=2 ! checksumsink",
+        Duration::from_millis(500),
+    );
+    let (reference, got) = (checksums(&p), checksums(&c));
+    assert_eq!(reference.len(), 100);
+    assert!(got.len() >= 40, "got {} buffers", got.len());
+    let sums_of = |v: &[(String, String)]| v.iter().map(|x| x.1.clone()).collect::<Vec<_>>();
+    let (reference, got_sums) = (sums_of(&reference), sums_of(&got));
+    // wave=ticks repeats every second: match the whole run, not just its first buffer.
+    let start = (0..=reference.len() - got_sums.len())
+        .find(|&i| reference[i..i + got_sums.len()] == got_sums[..])
+        .unwrap_or_else(|| panic!("audio bytes differ from the producer's: {got_sums:?}"));
+    assert_eq!(
+        start + got_sums.len(),
+        100,
+        "the end of the stream is missing"
+    );
+    // PTS continuous: each buffer starts where the previous one ended (1024 / 48000 s).
+    let ns = |t: &str| -> i64 {
+        let p: Vec<&str> = t.split(':').collect();
+        let (h, m): (i64, i64) = (p[0].parse().unwrap(), p[1].parse().unwrap());
+        let (s, f) = p[2].split_once('.').unwrap();
+        ((h * 60 + m) * 60 + s.parse::<i64>().unwrap()) * 1_000_000_000 + f.parse::<i64>().unwrap()
+    };
+    let step = 1024 * 1_000_000_000i64 / 48000;
+    for w in got.windows(2) {
+        let d = ns(&w[1].0) - ns(&w[0].0);
+        assert!(
+            (d - step).abs() <= 1000,
+            "PTS step {d} ns between {} and {}, expected {step}",
+            w[0].0,
+            w[1].0
+        );
+    }
+}
+
+#[test]
+fn rtp_payloaded_h264_depayloads_and_decodes() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("rtp.sock");
+    let (p, c) = run_pair(
+        &sock,
+        &format!(
+            "videotestsrc num-buffers=45 pattern=ball ! video/x-raw,width=320,height=240,framerate=30/1 \
+             ! {H264} ! tee name=t t. ! queue ! rtph264pay config-interval=-1 mtu=1200 \
+             ! gpushmsink socket-path={{sock}} wait-for-connection=true \
+             t. ! queue ! avdec_h264 ! checksumsink"
+        ),
+        "gpushmsrc socket-path={sock} lossless=true ! rtph264depay ! h264parse ! avdec_h264 ! checksumsink",
+        Duration::ZERO,
+    );
+    let (reference, got) = (sums(&p), sums(&c));
+    assert_eq!(reference.len(), 45);
+    assert_eq!(got, reference, "decoded frames differ");
+}
+
+#[test]
+fn a_buffer_larger_than_the_slots_arrives_intact() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("big.sock");
+    // Snow compresses badly: I-frames of tens of KiB against 4 KiB slots.
+    let (p, c) = run_pair(
+        &sock,
+        &format!(
+            "videotestsrc num-buffers=30 pattern=snow ! video/x-raw,width=320,height=240,framerate=30/1 \
+             ! {H264} ! tee name=t t. ! queue ! gpushmsink socket-path={{sock}} wait-for-connection=true max-buffer-size=4096 \
+             t. ! queue ! avdec_h264 ! checksumsink"
+        ),
+        "gpushmsrc socket-path={sock} lossless=true ! h264parse ! avdec_h264 ! checksumsink",
+        Duration::ZERO,
+    );
+    let (reference, got) = (sums(&p), sums(&c));
+    assert_eq!(reference.len(), 30);
+    assert_eq!(got, reference, "decoded frames differ");
+}
+
+#[test]
+fn encoded_caps_into_cudasum_is_a_clear_error() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("cudasum.sock");
+    let s = sock.to_str().unwrap();
+    let p = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc is-live=true num-buffers=300 ! video/x-raw,width=320,height=240,framerate=30/1 \
+             ! jpegenc ! gpushmsink socket-path={s}"
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let c = Proc::spawn(
+        gst_launch(&format!("gpushmsrc socket-path={s} ! cudasum ! fakesink")),
+        "consumer",
+    );
+    let (status, out) = c.finish(Duration::from_secs(30));
+    drop(p);
+    let out = out.join("\n");
+    assert!(!status.success(), "{out}");
+    assert!(
+        out.contains("refused the producer's caps image/jpeg")
+            && out.contains("need a parser and decoder"),
+        "{out}"
+    );
+}
+
+/// Data caps through harnesses in one process: every flag, timestamp and offset, empty and
+/// oversized buffers, keyframe gating and stream headers.
+#[test]
+fn flags_offsets_headers_and_any_size_travel() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("data.sock");
+    let header = gst::Buffer::from_slice(b"HEADER-1".to_vec());
+    let caps = gst::Caps::builder("application/x-gpushm-test")
+        .field("streamheader", gst::Array::new([header.to_send_value()]))
+        .field("codec_data", gst::Buffer::from_slice(vec![1u8, 2, 3, 4]))
+        .build();
+    let e = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", sock.to_str().unwrap())
+        .property("sync", false)
+        .property("async", false)
+        .property("max-buffer-size", 4096u32)
+        .build()
+        .unwrap();
+    let mut sink = Harness::with_element(&e, Some("sink"), None);
+    sink.set_src_caps(caps.clone());
+    sink.play();
+    let mut src = Harness::new("gpushmsrc");
+    let el = src.element().unwrap();
+    el.set_property("socket-path", sock.to_str().unwrap());
+    el.set_property("lossless", true);
+    src.play();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    use gst::BufferFlags as F;
+    let buffer = |n: u64, size: usize, flags: F| {
+        let data: Vec<u8> = (0..size).map(|i| (i as u64 * 31 + n) as u8).collect();
+        let mut b = gst::Buffer::from_mut_slice(data);
+        let r = b.get_mut().unwrap();
+        r.set_pts(gst::ClockTime::from_mseconds(40 * n + 80));
+        r.set_dts(gst::ClockTime::from_mseconds(40 * n));
+        r.set_duration(gst::ClockTime::from_mseconds(40));
+        r.set_offset(1000 + n);
+        r.set_offset_end(2000 + n);
+        r.set_flags(flags);
+        b
+    };
+    // Joined mid-stream: two delta units are skipped, the keyframe comes after the caps'
+    // stream header.
+    let sent = [
+        (0, 100, F::DELTA_UNIT),
+        (1, 100, F::DELTA_UNIT),
+        (2, 3000, F::empty()),
+        (3, 0, F::DELTA_UNIT | F::DROPPABLE),
+        (4, 20_000, F::DELTA_UNIT | F::MARKER),
+        (5, 10, F::HEADER),
+        (6, 4096, F::DELTA_UNIT | F::CORRUPTED | F::NON_DROPPABLE),
+    ];
+    for &(n, size, flags) in &sent {
+        assert_eq!(
+            sink.push(buffer(n, size, flags)),
+            Ok(gst::FlowSuccess::Ok),
+            "buffer {n}"
+        );
+    }
+    let h = src.pull().expect("the stream header");
+    assert_eq!(h.map_readable().unwrap().as_slice(), b"HEADER-1");
+    assert!(h.flags().contains(F::HEADER));
+    let mut last_pts = None;
+    for &(n, size, flags) in &sent[2..] {
+        let b = src.pull().expect("a buffer");
+        let expect = buffer(n, size, flags);
+        assert_eq!(b.size(), size, "buffer {n}");
+        assert_eq!(
+            b.map_readable().unwrap().as_slice(),
+            expect.map_readable().unwrap().as_slice(),
+            "buffer {n}"
+        );
+        let mut want = flags;
+        if n == 2 {
+            // The first after the skipped ones.
+            want |= F::DISCONT;
+        }
+        assert_eq!(b.flags() - F::TAG_MEMORY, want, "buffer {n} flags");
+        assert_eq!(b.duration(), Some(gst::ClockTime::from_mseconds(40)));
+        assert_eq!((b.offset(), b.offset_end()), (1000 + n, 2000 + n));
+        let (pts, dts) = (b.pts().expect("pts"), b.dts().expect("dts"));
+        assert!(dts <= pts, "buffer {n}: dts {dts} after pts {pts}");
+        if let Some(l) = last_pts {
+            assert!(pts >= l);
+        }
+        last_pts = Some(pts);
+    }
+    assert_eq!(src.element().unwrap().property::<u64>("frames-skipped"), 2);
+    let got = src.sinkpad().unwrap().current_caps().expect("caps");
+    assert_eq!(got, caps);
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 7);
+}
