@@ -14,7 +14,9 @@ cd "$here"
 # libraries.
 arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
 skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
-for p in x264 isomp4 matroska videofilter; do
+# jpeg, rtp, audiotestsrc and openh264 (a small H.264 decoder: gst-libav with FFmpeg is over
+# 200 MB) are for the encoded-stream tests.
+for p in x264 isomp4 matroska videofilter jpeg rtp audiotestsrc openh264; do
   so=/usr/lib/$arch/gstreamer-1.0/libgst$p.so
   [ -e "$so" ] || continue
   cp "$so" "$out/plugins/"

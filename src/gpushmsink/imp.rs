@@ -334,8 +334,9 @@ impl GpuShmSink {
         let slot_size = match &info {
             Some(info) => info.size() as u64,
             None if min_slot <= max_buffer => max_buffer,
-            // Room for bursts a bit larger than this one.
-            None => match min_slot.checked_next_power_of_two() {
+            // Room for bursts up to twice this one: consumers keep only the two newest rings,
+            // so growing in small steps could drop a ring a slow consumer still reads.
+            None => match min_slot.saturating_mul(2).checked_next_power_of_two() {
                 Some(n) if n <= crate::ring::layout::MAX_SLOT_SIZE => n,
                 _ if min_slot <= crate::ring::layout::MAX_SLOT_SIZE => {
                     crate::ring::layout::MAX_SLOT_SIZE
@@ -380,9 +381,27 @@ impl GpuShmSink {
                 }
             })
         };
-        let ring = server
-            .new_ring(slots, slot_size, &caps_str, requeue)
-            .map_err(|e| gst::loggable_error!(CAT, "Cannot create the ring: {}", e))?;
+        // Slots grown for a burst stay grown across caps changes of the same kind.
+        let slot_size = match (&info, &cur_info, pool.as_ref().and_then(|p| p.ring())) {
+            (None, None, Some(r)) if cur_caps.is_some() => slot_size.max(r.slot_size()),
+            _ => slot_size,
+        };
+        let ring = match server.new_ring(slots, slot_size, &caps_str, requeue) {
+            Ok(r) => r,
+            Err(e) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::NoSpaceLeft,
+                    (
+                        "Cannot create a ring of {} slots of {} bytes: {}",
+                        slots,
+                        slot_size,
+                        e
+                    )
+                );
+                return Err(gst::loggable_error!(CAT, "Cannot create the ring: {}", e));
+            }
+        };
         let new_pool = SlotPool::new(ring, Arc::downgrade(server), *cuda_on_request);
         let _ = cell.set(new_pool.clone());
         gst::info!(

@@ -140,8 +140,8 @@ enum Mapping {
     Shifted(i128),
     /// On our clock, but the first frame was stamped before this pipeline started (it
     /// joined a running stream): every frame is delayed by this many ns, so that the first
-    /// one starts at running time 0 and the spacing (audio continuity) holds. Answered as
-    /// latency on top of the producer's.
+    /// one starts at running time 0 and the spacing (audio continuity) holds. Not for raw
+    /// video, whose first frames are shown at the start instead.
     Delayed(i128),
 }
 
@@ -209,17 +209,14 @@ impl GpuShmSrc {
         if matches!(st.mapping, Mapping::Shifted(_)) {
             return SHIFT_MARGIN;
         }
-        let delay = match st.mapping {
-            Mapping::Delayed(d) => d.clamp(0, MAX_JOIN_DELAY as i128) as u64,
-            _ => 0,
-        };
-        delay
-            + match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
-                NONE_U64 => 0,
-                // A producer claiming more is broken or hostile: sinks would wait that long.
-                l if l > MAX_PRODUCER_LATENCY => 0,
-                l => l,
-            }
+        // A delayed stream (Mapping::Delayed) needs no more: it was delayed by less than
+        // the time its first frame took to arrive, which the producer's latency covers.
+        match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
+            NONE_U64 => 0,
+            // A producer claiming more is broken or hostile: sinks would wait that long.
+            l if l > MAX_PRODUCER_LATENCY => 0,
+            l => l,
+        }
     }
 
     /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
@@ -269,8 +266,15 @@ impl GpuShmSrc {
             st.mapping = if pts_clock <= pub_ours + tolerance
                 && pts_clock >= pub_ours - DIRECT_WINDOW as i128
             {
-                if pts_clock < base && base - pts_clock <= MAX_JOIN_DELAY as i128 {
-                    Mapping::Delayed(base - pts_clock)
+                // The earliest stamp of this frame (DTS comes first with B-frames).
+                let first = match m.dts_clock {
+                    NONE_U64 => pts_clock,
+                    d => pts_clock.min(d as i128),
+                };
+                // Raw video is shown at its start instead: a delay would only add latency.
+                let raw = f.caps.starts_with("video/x-raw");
+                if !raw && first < base && base - first <= MAX_JOIN_DELAY as i128 {
+                    Mapping::Delayed(base - first)
                 } else {
                     Mapping::Direct
                 }
@@ -937,10 +941,14 @@ impl PushSrcImpl for GpuShmSrc {
                 let mut list = gst::BufferList::new_sized(headers.len() + 1);
                 {
                     let l = list.get_mut().ok_or(gst::FlowError::Error)?;
-                    for mut h in headers {
+                    let discont = buffer.flags().contains(gst::BufferFlags::DISCONT);
+                    for (i, mut h) in headers.into_iter().enumerate() {
                         let hb = h.make_mut();
                         hb.set_pts(buffer.pts());
                         hb.set_dts(buffer.dts());
+                        if i == 0 && discont {
+                            hb.set_flags(gst::BufferFlags::DISCONT);
+                        }
                         l.add(h);
                     }
                     l.add(buffer);

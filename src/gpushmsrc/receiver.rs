@@ -140,6 +140,8 @@ pub(super) struct Shared {
     pub copied: AtomicU64,
     /// Frames of an encoded stream skipped while waiting for a keyframe.
     pub skipped: AtomicU64,
+    /// Frames were dropped from our queue: the keyframe gate closes again.
+    regate: AtomicBool,
     pub received: AtomicU64,
     /// Downstream asked for GpuShmCudaMeta and the GPU cannot register read-only memory:
     /// reconnect asking for a writable ring.
@@ -182,6 +184,8 @@ impl Shared {
             q.discont = true;
             q.bytes = 0;
             self.queue_dropped.fetch_add(gone, Ordering::Relaxed);
+            // An encoded stream cannot go on from here: wait for a keyframe.
+            self.regate.store(true, Ordering::Relaxed);
         }
         drop(q);
         drop(frames);
@@ -307,6 +311,8 @@ impl Reader {
                         // stale once it plays again, as the receiver's frames are.
                         q.discont = true;
                         self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+                        // An encoded stream cannot go on from here: wait for a keyframe.
+                        self.shared.regate.store(true, Ordering::Relaxed);
                         drop(q);
                         drop(item);
                         continue;
@@ -682,6 +688,8 @@ impl Worker {
         if q.paused && matches!(item, Item::Frame(_)) {
             q.discont = true;
             self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+            // An encoded stream cannot go on from here: wait for a keyframe.
+            self.shared.regate.store(true, Ordering::Relaxed);
             return !q.stopping;
         }
         if let Item::Frame(f) = &item {
@@ -698,6 +706,8 @@ impl Worker {
                     if q.paused {
                         q.discont = true;
                         self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+                        // An encoded stream cannot go on from here: wait for a keyframe.
+                        self.shared.regate.store(true, Ordering::Relaxed);
                         return !q.stopping;
                     }
                     continue;
@@ -711,6 +721,8 @@ impl Worker {
                 }
                 q.discont = true;
                 self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
+                // An encoded stream cannot go on from here: wait for a keyframe.
+                self.shared.regate.store(true, Ordering::Relaxed);
             }
             q.bytes += size;
         } else if q.stopping {
@@ -807,7 +819,7 @@ impl Worker {
         let m = frame.meta;
         if stream.video.is_none() {
             let dropped = conn.dropped();
-            if dropped != self.dropped_seen {
+            if self.shared.regate.swap(false, Ordering::Relaxed) || dropped != self.dropped_seen {
                 // Frames were missed: what follows may refer to them.
                 self.need_keyframe = true;
             }
