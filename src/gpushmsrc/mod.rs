@@ -11,6 +11,14 @@ glib::wrapper! {
 }
 
 pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
+    // Caps strings from the producer name GstVideo's types (multiview-flags of video caps,
+    // raw or encoded, is a GstVideoMultiviewFlagsSet): they must be registered before the
+    // first caps are parsed, or parsing fails in a process whose pipeline has not touched
+    // them yet.
+    // SAFETY: a plain GType getter, callable any time after gst_init().
+    let _ = unsafe { gst_video::ffi::gst_video_multiview_flagset_get_type() };
+    let _ = gst_video::VideoMultiviewFlags::static_type();
+    let _ = gst_video::VideoMultiviewMode::static_type();
     gst::Element::register(
         Some(plugin),
         "gpushmsrc",
