@@ -243,6 +243,14 @@ impl GpuShmSink {
             }
         }
         let mut out = pool.acquire_buffer(None)?;
+        let map_failed = |_| {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Failed,
+                ("Could not map a ring slot")
+            );
+            gst::FlowError::Error
+        };
         let Some(info) = info else {
             if buffer.size() == 0 {
                 // An empty buffer: the slot is only its place in the stream (payload 0).
@@ -250,14 +258,7 @@ impl GpuShmSink {
             }
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             outref.set_size(buffer.size());
-            let mut map = outref.map_writable().map_err(|_| {
-                gst::element_imp_error!(
-                    self,
-                    gst::ResourceError::Failed,
-                    ("Could not map a ring slot")
-                );
-                gst::FlowError::Error
-            })?;
+            let mut map = outref.map_writable().map_err(map_failed)?;
             buffer.copy_to_slice(0, &mut map).map_err(|_| {
                 gst::element_imp_error!(
                     self,
@@ -281,14 +282,7 @@ impl GpuShmSink {
         {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             let mut dst = gst_video::VideoFrameRef::from_buffer_ref_writable(outref, info)
-                .map_err(|_| {
-                    gst::element_imp_error!(
-                        self,
-                        gst::ResourceError::Failed,
-                        ("Could not map a ring slot")
-                    );
-                    gst::FlowError::Error
-                })?;
+                .map_err(map_failed)?;
             src.copy(&mut dst).map_err(|_| {
                 gst::element_imp_error!(
                     self,
@@ -613,7 +607,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecUInt::builder("max-buffer-size")
                     .nick("Max buffer size")
-                    .blurb("Slot size in bytes for caps other than raw video (encoded video, audio, RTP, any data): the largest buffer expected. A larger buffer (an I-frame burst) is never cut or refused: it gets a new ring with slots of the next power of two, announced to consumers like a caps change. Raw video slots are always one frame")
+                    .blurb("Slot size in bytes for caps other than raw video (encoded video, audio, RTP, any data): the largest buffer expected. A larger buffer (an I-frame burst) is never cut or refused: it gets a new ring with slots of twice its size rounded up to a power of two (at most 256 MiB), announced to consumers like a caps change; slots stay that large. Raw video slots are always one frame")
                     .minimum(4096)
                     .maximum(crate::ring::layout::MAX_SLOT_SIZE as u32)
                     .default_value(DEFAULT_MAX_BUFFER_SIZE)

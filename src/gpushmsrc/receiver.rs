@@ -84,8 +84,7 @@ pub(super) struct Received {
     pub headers: Vec<gst::Buffer>,
 }
 
-/// What a caps string describes.
-#[derive(Clone)]
+/// What a caps string describes (parsed once per caps, shared by its frames).
 struct Stream {
     /// Raw video: its layout. `None`: any other caps, whose buffers are opaque bytes.
     video: Option<gst_video::VideoInfo>,
@@ -183,9 +182,7 @@ impl Shared {
         if gone > 0 {
             q.discont = true;
             q.bytes = 0;
-            self.queue_dropped.fetch_add(gone, Ordering::Relaxed);
-            // An encoded stream cannot go on from here: wait for a keyframe.
-            self.regate.store(true, Ordering::Relaxed);
+            self.dropped_from_queue(gone);
         }
         drop(q);
         drop(frames);
@@ -214,6 +211,13 @@ impl Shared {
         self.cond.notify_all();
     }
 
+    /// Counts `n` frames dropped from our queue. What follows a gap cannot be decoded
+    /// without what was dropped: an encoded stream waits for a keyframe again.
+    fn dropped_from_queue(&self, n: u64) {
+        self.queue_dropped.fetch_add(n, Ordering::Relaxed);
+        self.regate.store(true, Ordering::Relaxed);
+    }
+
     pub fn dropped(&self) -> u64 {
         self.producer_dropped.load(Ordering::Relaxed) + self.queue_dropped.load(Ordering::Relaxed)
     }
@@ -227,8 +231,9 @@ const GRACE: Duration = Duration::from_millis(50);
 #[allow(clippy::large_enum_variant)]
 enum Step {
     Item(Item),
-    /// The wake-up descriptor fired: flushing, stopping, a writable-ring request, or the
-    /// other thread wants the ring back. Look at the flags and try again.
+    /// Nothing to hand out, read again: the wake-up descriptor fired (flushing, stopping, a
+    /// writable-ring request, or the other thread wants the ring back; look at the flags), the
+    /// connection was lost, or a frame was skipped while waiting for a keyframe.
     Interrupted,
     /// Nothing more comes (EOS or a fatal error was handed out).
     Done,
@@ -310,9 +315,7 @@ impl Reader {
                         // It came after the pipeline paused (create() was on its way out):
                         // stale once it plays again, as the receiver's frames are.
                         q.discont = true;
-                        self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
-                        // An encoded stream cannot go on from here: wait for a keyframe.
-                        self.shared.regate.store(true, Ordering::Relaxed);
+                        self.shared.dropped_from_queue(1);
                         drop(q);
                         drop(item);
                         continue;
@@ -512,7 +515,7 @@ struct Worker {
     done: bool,
     serial: u64,
     /// What the caps string last seen describes.
-    info: Option<(Arc<str>, Stream)>,
+    info: Option<(Arc<str>, Arc<Stream>)>,
     /// Encoded streams: skip frames that depend on earlier ones (DELTA_UNIT) until a
     /// keyframe, after connecting and after frames were missed.
     need_keyframe: bool,
@@ -687,9 +690,7 @@ impl Worker {
         let mut q = self.shared.queue();
         if q.paused && matches!(item, Item::Frame(_)) {
             q.discont = true;
-            self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
-            // An encoded stream cannot go on from here: wait for a keyframe.
-            self.shared.regate.store(true, Ordering::Relaxed);
+            self.shared.dropped_from_queue(1);
             return !q.stopping;
         }
         if let Item::Frame(f) = &item {
@@ -705,9 +706,7 @@ impl Worker {
                     q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
                     if q.paused {
                         q.discont = true;
-                        self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
-                        // An encoded stream cannot go on from here: wait for a keyframe.
-                        self.shared.regate.store(true, Ordering::Relaxed);
+                        self.shared.dropped_from_queue(1);
                         return !q.stopping;
                     }
                     continue;
@@ -720,9 +719,7 @@ impl Worker {
                     dropped.push(old);
                 }
                 q.discont = true;
-                self.shared.queue_dropped.fetch_add(1, Ordering::Relaxed);
-                // An encoded stream cannot go on from here: wait for a keyframe.
-                self.shared.regate.store(true, Ordering::Relaxed);
+                self.shared.dropped_from_queue(1);
             }
             q.bytes += size;
         } else if q.stopping {
@@ -758,7 +755,7 @@ impl Worker {
         c.max_time > 0 && oldest.is_some_and(|o| arrival_ns.saturating_sub(o) >= c.max_time)
     }
 
-    fn stream(&mut self, caps: &Arc<str>) -> Result<Stream, gst::ErrorMessage> {
+    fn stream(&mut self, caps: &Arc<str>) -> Result<Arc<Stream>, gst::ErrorMessage> {
         if let Some((c, stream)) = &self.info {
             if c == caps {
                 return Ok(stream.clone());
@@ -794,7 +791,7 @@ impl Worker {
                     .collect()
             })
             .unwrap_or_default();
-        let stream = Stream { video, headers };
+        let stream = Arc::new(Stream { video, headers });
         self.info = Some((caps.clone(), stream.clone()));
         Ok(stream)
     }
