@@ -7,18 +7,18 @@ use gst::glib::translate::from_glib_full;
 /// Wraps `len` bytes at `ptr` (inside a slot of `maxsize` bytes) in a GstMemory. `keep` is
 /// dropped when the memory is freed: it keeps the mapping alive and, on the consumer side,
 /// gives the slot back to the producer.
-pub fn wrap_slot_memory(
+pub fn wrap_slot_memory<K: Send + 'static>(
     ptr: *mut u8,
     maxsize: usize,
     len: usize,
     readonly: bool,
-    keep: Box<dyn Send + 'static>,
+    keep: Box<K>,
 ) -> gst::Memory {
-    unsafe extern "C" fn destroy(data: gst::glib::ffi::gpointer) {
+    unsafe extern "C" fn destroy<K>(data: gst::glib::ffi::gpointer) {
         // SAFETY: `data` is the Box leaked below, freed exactly once by GStreamer.
-        drop(unsafe { Box::from_raw(data as *mut Box<dyn Send>) });
+        drop(unsafe { Box::from_raw(data as *mut K) });
     }
-    let user_data = Box::into_raw(Box::new(keep));
+    let user_data = Box::into_raw(keep);
     let flags = if readonly {
         gst::ffi::GST_MEMORY_FLAG_READONLY
     } else {
@@ -34,7 +34,7 @@ pub fn wrap_slot_memory(
             0,
             len.min(maxsize),
             user_data as gst::glib::ffi::gpointer,
-            Some(destroy),
+            Some(destroy::<K>),
         ))
     }
 }

@@ -115,7 +115,7 @@ enum State {
         cuda_on_request: Option<i32>,
         /// The raw video layout of `caps`; `None` for other caps (their buffers are opaque
         /// bytes of any size up to the slot size).
-        info: Option<gst_video::VideoInfo>,
+        info: Option<Arc<gst_video::VideoInfo>>,
         caps: Option<gst::Caps>,
         pool: Option<SlotPool>,
         /// Whether upstream is live, asked once per caps.
@@ -411,7 +411,7 @@ impl GpuShmSink {
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
         }
-        *cur_info = info;
+        *cur_info = info.map(Arc::new);
         *cur_caps = Some(caps.clone());
         *live = None;
         Ok(())
@@ -422,18 +422,17 @@ impl GpuShmSink {
         buffer: &gst::BufferRef,
         info: Option<&gst_video::VideoInfo>,
     ) -> FrameMeta {
+        // Read once per frame: each read takes the object lock.
+        let obj = self.obj();
+        let base = obj.base_time();
+        let segment = obj.segment();
+        let segment = segment.downcast_ref::<gst::format::Time>();
         let clock = |t: Option<gst::ClockTime>| -> u64 {
-            let obj = self.obj();
-            let seg = obj.segment();
-            let (Some(t), Some(base)) = (t, obj.base_time()) else {
-                return NONE_U64;
-            };
-            match seg
-                .downcast_ref::<gst::format::Time>()
-                .and_then(|s| s.to_running_time(t))
-            {
-                Some(rt) => (rt + base).nseconds(),
-                None => NONE_U64,
+            match (t, base, segment) {
+                (Some(t), Some(base), Some(seg)) => seg
+                    .to_running_time(t)
+                    .map_or(NONE_U64, |rt| (rt + base).nseconds()),
+                _ => NONE_U64,
             }
         };
         let mut m = FrameMeta {
@@ -449,7 +448,7 @@ impl GpuShmSink {
             // keeps only the core ones.
             // SAFETY: reading a field of a valid buffer we hold a reference to.
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
-            latency: self.obj().latency().nseconds(),
+            latency: obj.latency().nseconds(),
             timecode: timecode(buffer),
             ..Default::default()
         };
@@ -460,12 +459,13 @@ impl GpuShmSink {
         m.video_format = info.format().into_glib() as u32;
         m.width = info.width();
         m.height = info.height();
-        let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
-        {
-            Some(vm) => (vm.offset().to_vec(), vm.stride().to_vec()),
-            None => (info.offset().to_vec(), info.stride().to_vec()),
+        // No allocation per frame: the planes are copied from whichever layout applies.
+        let vm = buffer.meta::<gst_video::VideoMeta>();
+        let (offsets, strides) = match &vm {
+            Some(vm) => (vm.offset(), vm.stride()),
+            None => (info.offset(), info.stride()),
         };
-        let n = offsets.len().min(MAX_PLANES);
+        let n = offsets.len().min(strides.len()).min(MAX_PLANES);
         m.n_planes = n as u32;
         for i in 0..n {
             m.plane_offset[i] = offsets[i] as u64;
@@ -963,7 +963,7 @@ impl BaseSinkImpl for GpuShmSink {
         let (slot, frame) = match own {
             Some(slot) => (slot, buffer.clone()),
             None => {
-                let out = self.copy_into_slot(&pool, info.as_ref(), &caps, buffer)?;
+                let out = self.copy_into_slot(&pool, info.as_deref(), &caps, buffer)?;
                 server.count_copy();
                 let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
                 gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
@@ -980,7 +980,7 @@ impl BaseSinkImpl for GpuShmSink {
                 (slot, out)
             }
         };
-        let mut meta = self.frame_meta(&frame, info.as_ref());
+        let mut meta = self.frame_meta(&frame, info.as_deref());
         if info.is_none() {
             meta.payload_size = buffer.size() as u64;
         }

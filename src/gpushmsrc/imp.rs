@@ -46,7 +46,7 @@ use gst_base::subclass::base_src::CreateSuccess;
 use gst_base::subclass::prelude::*;
 use once_cell::sync::Lazy;
 
-use super::receiver::{Config, Item, Reader, Received, Receiver, Shared};
+use super::receiver::{Config, Details, Item, Reader, Received, Receiver, Shared};
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
@@ -222,7 +222,7 @@ impl GpuShmSrc {
     /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
     /// Never in the future: timestamps that would be are re-anchored to the publish time, with
     /// one warning.
-    fn timestamp(&self, st: &mut Started, b: &mut gst::BufferRef, f: &Received) {
+    fn timestamp(&self, st: &mut Started, b: &mut gst::BufferRef, f: &Details) {
         let obj = self.obj();
         if obj.does_timestamp() {
             return;
@@ -406,7 +406,7 @@ impl GpuShmSrc {
 
     /// Puts a GpuShmCudaMeta on a zero-copy frame's buffer, registering its ring the first
     /// time one of its frames goes out (once per mapping, never per frame).
-    fn add_cuda_meta(&self, dev: &Arc<crate::cuda::Device>, b: &mut gst::BufferRef, f: &Received) {
+    fn add_cuda_meta(&self, dev: &Arc<crate::cuda::Device>, b: &mut gst::BufferRef, f: &Details) {
         let Some((ring, ptr)) = &f.slot else {
             return;
         };
@@ -875,28 +875,32 @@ impl PushSrcImpl for GpuShmSrc {
         let reader = self.reader().ok_or(gst::FlowError::Flushing)?;
         let (item, discont) = reader.next_item().ok_or(gst::FlowError::Flushing)?;
         match item {
-            Item::Frame(mut f) => {
+            Item::Frame(Received {
+                mut buffer,
+                details: f,
+                headers,
+            }) => {
                 // The state lock is held only for bookkeeping: caps events, warnings and
                 // messages go out without it (a bus sync handler may read our properties).
+                let mut guard = self.state();
                 let new_caps = {
-                    let guard = self.state();
                     let st = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
                     (st.pad_caps.as_ref() != Some(&f.caps)).then(|| f.caps.clone())
                 };
                 if let Some(c) = new_caps {
+                    drop(guard);
                     self.set_pad_caps(&c)?;
                     // The ALLOCATION query for these caps, now: downstream may ask for
                     // GpuShmCudaMeta, and this frame already gets it.
                     if !self.obj().negotiate() {
                         gst::debug!(CAT, imp = self, "allocation after new caps failed");
                     }
-                    if let Some(st) = self.state().as_mut() {
+                    guard = self.state();
+                    if let Some(st) = guard.as_mut() {
                         st.pad_caps = Some(c);
                     }
                 }
-                let mut buffer = std::mem::replace(&mut f.buffer, gst::Buffer::new());
                 let (warning, latency_changed) = {
-                    let mut guard = self.state();
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
                     if let Some(dev) = &st.cuda {
@@ -912,6 +916,7 @@ impl PushSrcImpl for GpuShmSrc {
                         std::mem::take(&mut st.latency_changed),
                     )
                 };
+                drop(guard);
                 if let Some(ahead) = warning {
                     gst::element_imp_warning!(
                         self,
@@ -925,7 +930,6 @@ impl PushSrcImpl for GpuShmSrc {
                         .obj()
                         .post_message(gst::message::Latency::builder().src(&*self.obj()).build());
                 }
-                let headers = std::mem::take(&mut f.headers);
                 drop(f);
                 if headers.is_empty() {
                     return Ok(CreateSuccess::NewBuffer(buffer));

@@ -28,7 +28,7 @@ use super::imp::CAT;
 use crate::memory::wrap_slot_memory;
 use crate::ring::client::{ConnectOptions, Frame, Subscriber, Waker};
 use crate::ring::consumer::ConsumerRing;
-use crate::ring::layout::NONE_U64;
+use crate::ring::layout::{MAX_PLANES, NONE_U64};
 use crate::ring::producer::FrameMeta;
 use crate::ring::Error;
 
@@ -71,6 +71,14 @@ pub(super) struct Config {
 /// the pipeline's base time when it is pushed).
 pub(super) struct Received {
     pub buffer: gst::Buffer,
+    pub details: Details,
+    /// Stream headers from the caps to push before this buffer: it is the first one of a
+    /// connection that joined a stream mid-way.
+    pub headers: Vec<gst::Buffer>,
+}
+
+/// Where a received frame came from and what its producer said about it.
+pub(super) struct Details {
     pub meta: FrameMeta,
     pub caps: Arc<str>,
     /// CLOCK_MONOTONIC when the receiver took it from the ring.
@@ -79,9 +87,6 @@ pub(super) struct Received {
     pub conn_serial: u64,
     /// The ring and address of a zero-copy frame (`None`: copied), for CUDA registration.
     pub slot: Option<(Arc<ConsumerRing>, usize)>,
-    /// Stream headers from the caps to push before this buffer: it is the first one of a
-    /// connection that joined a stream mid-way.
-    pub headers: Vec<gst::Buffer>,
 }
 
 /// What a caps string describes (parsed once per caps, shared by its frames).
@@ -453,6 +458,7 @@ impl Receiver {
             done: false,
             serial: 0,
             info: None,
+            checked: None,
             need_keyframe: true,
             fresh: true,
             discont: true,
@@ -516,6 +522,9 @@ struct Worker {
     serial: u64,
     /// What the caps string last seen describes.
     info: Option<(Arc<str>, Arc<Stream>)>,
+    /// The plane layout last checked against that stream's caps: frames laid out the same
+    /// way (every frame of a pool) are not checked again.
+    checked: Option<(Arc<Stream>, LayoutKey)>,
     /// Encoded streams: skip frames that depend on earlier ones (DELTA_UNIT) until a
     /// keyframe, after connecting and after frames were missed.
     need_keyframe: bool,
@@ -550,7 +559,10 @@ impl Worker {
                     .producer_dropped
                     .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
                 if let Some(c) = conn.caps() {
-                    *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                    let mut cur = self.shared.caps.lock().unwrap_or_else(|e| e.into_inner());
+                    if cur.as_ref().is_none_or(|cur| !Arc::ptr_eq(cur, &c)) {
+                        *cur = Some(c);
+                    }
                 }
                 let arrival_ns = crate::ring::monotonic_ns();
                 match self.build(&conn, frame, arrival_ns) {
@@ -699,7 +711,7 @@ impl Worker {
                 if q.stopping {
                     return false;
                 }
-                if !self.full(&q, size, f.arrival_ns) {
+                if !self.full(&q, size, f.details.arrival_ns) {
                     break;
                 }
                 if self.cfg.opts.lossless {
@@ -749,7 +761,7 @@ impl Worker {
             return true;
         }
         let oldest = q.items.iter().find_map(|i| match i {
-            Item::Frame(f) => Some(f.arrival_ns),
+            Item::Frame(f) => Some(f.details.arrival_ns),
             _ => None,
         });
         c.max_time > 0 && oldest.is_some_and(|o| arrival_ns.saturating_sub(o) >= c.max_time)
@@ -806,12 +818,20 @@ impl Worker {
     ) -> Result<Option<Received>, gst::ErrorMessage> {
         let stream = self.stream(&frame.caps)?;
         if let Some(info) = &stream.video {
-            check_layout(&frame, info).map_err(|msg| {
-                gst::error_msg!(
-                    gst::StreamError::Decode,
-                    ("The producer sent an invalid frame: {}", msg)
-                )
-            })?;
+            let key = LayoutKey::of(&frame.meta);
+            let known = self
+                .checked
+                .as_ref()
+                .is_some_and(|(s, k)| Arc::ptr_eq(s, &stream) && *k == key);
+            if !known {
+                check_layout(&frame, info).map_err(|msg| {
+                    gst::error_msg!(
+                        gst::StreamError::Decode,
+                        ("The producer sent an invalid frame: {}", msg)
+                    )
+                })?;
+                self.checked = Some((stream.clone(), key));
+            }
         }
         let m = frame.meta;
         if stream.video.is_none() {
@@ -955,17 +975,18 @@ impl Worker {
             }
             b.set_flags(flags);
             if let Some(info) = &stream.video {
-                let n = m.n_planes as usize;
-                let offsets: Vec<usize> = m.plane_offset[..n].iter().map(|&o| o as usize).collect();
-                let strides: Vec<i32> = m.plane_stride[..n].iter().map(|&s| s as i32).collect();
+                // check_layout() bounded n_planes by the caps' (at most MAX_PLANES).
+                let n = (m.n_planes as usize).min(MAX_PLANES);
+                let offsets = m.plane_offset.map(|o| o as usize);
+                let strides = m.plane_stride.map(|s| s as i32);
                 gst_video::VideoMeta::add_full(
                     b,
                     frame_flags(m.buffer_flags),
                     info.format(),
                     info.width(),
                     info.height(),
-                    &offsets,
-                    &strides,
+                    &offsets[..n],
+                    &strides[..n],
                 )
                 .map_err(|_| {
                     gst::error_msg!(
@@ -1005,11 +1026,13 @@ impl Worker {
         }
         Ok(Some(Received {
             buffer,
-            meta: m,
-            caps: frame.caps.clone(),
-            arrival_ns,
-            conn_serial: self.serial,
-            slot,
+            details: Details {
+                meta: m,
+                caps: frame.caps.clone(),
+                arrival_ns,
+                conn_serial: self.serial,
+                slot,
+            },
             headers,
         }))
     }
@@ -1043,6 +1066,26 @@ fn publish_caps() -> gst::Caps {
     static CAPS: once_cell::sync::Lazy<gst::Caps> =
         once_cell::sync::Lazy::new(|| gst::Caps::new_empty_simple(super::PUBLISH_TIMESTAMP_CAPS));
     CAPS.clone()
+}
+
+/// What check_layout() looked at in a frame's meta, besides the caps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct LayoutKey {
+    format_size: (u32, u32, u32, u32),
+    offsets: [u64; MAX_PLANES],
+    strides: [u32; MAX_PLANES],
+    payload_size: u64,
+}
+
+impl LayoutKey {
+    fn of(m: &FrameMeta) -> Self {
+        Self {
+            format_size: (m.video_format, m.width, m.height, m.n_planes),
+            offsets: m.plane_offset,
+            strides: m.plane_stride,
+            payload_size: m.payload_size,
+        }
+    }
 }
 
 /// The VideoMeta flags that match a buffer's video flags.
