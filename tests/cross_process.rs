@@ -81,6 +81,80 @@ fn nv12_4k_500_frames_between_processes() {
     pattern_run(3840, 2160, 500);
 }
 
+/// Releases wake nobody unless the producer waits for a slot. With two slots and a lossless
+/// consumer, a producer flat out waits for a slot again and again, and must be woken by the
+/// release it waits for, not by its connection thread's 100 ms round: 2000 small frames take
+/// a second or two here, and minutes without those wake-ups. Through gpushmsink's pool
+/// (upstream waits in the pool, render waits for the lossless consumer) and through the
+/// GStreamer-free FramePublisher.
+#[test]
+fn a_flat_out_producer_with_two_slots_is_woken_by_each_release() {
+    const FRAMES: u64 = 2000;
+    let size = ["--width", "64", "--height", "48", "--format", "GRAY8"];
+    let frames = FRAMES.to_string();
+    let limit = Duration::from_secs(20);
+
+    let dir = tmpdir();
+    let sock = dir.path().join("sink.sock");
+    let mut producer = example("pattern_producer");
+    producer.args(["--socket", sock.to_str().unwrap(), "--fps", "0", "--wait"]);
+    producer.args(["--slots", "2", "--frames", &frames]);
+    producer.args(size);
+    let producer = Proc::spawn(producer, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut consumer = example("frame_checker");
+    consumer.args(["--socket", sock.to_str().unwrap(), "--verify", "--lossless"]);
+    consumer.args(["--expect", &frames]);
+    let t = Instant::now();
+    let (cs, cout) = Proc::spawn(consumer, "frame_checker").finish(Duration::from_secs(90));
+    let took = t.elapsed();
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(
+        cs.success() && ps.success(),
+        "{}\n{}",
+        cout.join("\n"),
+        pout.join("\n")
+    );
+    let s = fields(&cout, "SUMMARY ");
+    assert_eq!(num(&s, "frames"), FRAMES as f64);
+    assert_eq!(num(&s, "bad"), 0.0);
+    assert_eq!(num(&s, "dropped"), 0.0);
+    assert!(took < limit, "gpushmsink: {FRAMES} frames took {took:?}");
+
+    let sock = dir.path().join("camera.sock");
+    let mut camera = example("synthetic_camera");
+    camera.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--wait",
+        "--fps",
+        "1000000",
+    ]);
+    camera.args(["--slots", "2", "--frames", &frames]);
+    camera.args(size);
+    let camera = Proc::spawn(camera, "synthetic_camera");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut sums = example("plane_sums");
+    sums.args(["--socket", sock.to_str().unwrap(), "--verify", "--lossless"]);
+    let t = Instant::now();
+    let (ss, sout) = Proc::spawn(sums, "plane_sums").finish(Duration::from_secs(90));
+    let took = t.elapsed();
+    let (cs, cout) = camera.finish(Duration::from_secs(30));
+    assert!(
+        ss.success() && cs.success(),
+        "{}\n{}",
+        sout.join("\n"),
+        cout.join("\n")
+    );
+    let got: Vec<&String> = sout.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(got.len() as u64, FRAMES);
+    assert!(got.iter().all(|l| l.ends_with("ok=true")));
+    assert!(
+        took < limit,
+        "FramePublisher: {FRAMES} frames took {took:?}"
+    );
+}
+
 /// The copy path also delivers correct frames, and counts its copies.
 #[test]
 fn foreign_buffers_are_copied_once_and_counted() {

@@ -9,7 +9,7 @@
 //! Options: --socket PATH (required), --format GRAY8|I420|NV12|RGBA (I420), --width 640,
 //! --height 480, --fps 30, --frames N (300; 0 = until killed), --wait (wait for a consumer
 //! before the first frame), --switch-at N (from frame N on, GRAY8 at half the size: a caps
-//! change consumers follow). Prints `STATS frames=N clients=N` at the end.
+//! change consumers follow), --slots N (8). Prints `STATS frames=N clients=N` at the end.
 
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (mut format, mut width, mut height, mut fps, mut frames, mut wait) =
         (VideoFormat::I420, 640, 480, 30u32, 300u64, false);
     let mut switch_at = None;
+    let mut slots = 8u32;
     let mut args = std::env::args().skip(1);
     while let Some(k) = args.next() {
         let mut v = || args.next().ok_or(format!("{k} needs a value"));
@@ -43,6 +44,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--frames" => frames = v()?.parse()?,
             "--wait" => wait = true,
             "--switch-at" => switch_at = Some(v()?.parse::<u64>()?),
+            "--slots" => slots = v()?.parse()?,
             _ => return Err(format!("unknown option {k}").into()),
         }
     }
@@ -52,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         socket.as_ref(),
         layout.clone(),
         (fps, 1),
-        8,
+        slots,
         Config::default(),
     )?;
     if wait {

@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,12 +50,15 @@ impl Releaser {
     }
 
     /// Moves as many releases as fit into the release queue, oldest first, and wakes the
-    /// producer if any went in.
+    /// producer if any went in and it waits for slots (otherwise it picks them up itself:
+    /// no system call per frame).
     fn write(&self, backlog: &mut Vec<Entry>) {
         let n = backlog.iter().take_while(|&&e| self.ch.release(e)).count();
         if n > 0 {
             backlog.drain(..n);
-            shm::notify(&self.efd);
+            if self.ch.producer_waits() {
+                shm::notify(&self.efd);
+            }
         }
     }
 }
@@ -184,6 +187,9 @@ pub(crate) struct Connection {
     writable: bool,
     /// poll() saw the socket readable (or hung up) since it was last read.
     socket_ready: bool,
+    /// The caller polls the frame-ready eventfd itself ([`Self::ready_fd`]): the producer
+    /// writes it after every delivery, not only while we wait.
+    always_wake: AtomicBool,
 }
 
 impl Connection {
@@ -333,6 +339,7 @@ impl Connection {
             gone: None,
             writable: opts.writable_ring,
             socket_ready: true,
+            always_wake: AtomicBool::new(false),
         };
         c.pump()?;
         Ok(c)
@@ -521,8 +528,23 @@ impl Connection {
 
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
+        let always = self.always_wake.load(Ordering::Relaxed);
+        let ch = &self.releaser.ch;
+        // Ask for a wake-up, then look once more: a frame delivered before the producer saw
+        // the request came without one.
+        ch.set_waiting(true);
+        if ch.has_delivery() {
+            if !always {
+                ch.set_waiting(false);
+            }
+            return Ok(Wait::Ready);
+        }
         let w = WaitFds::of(self);
-        let (r, socket_readable) = w.wait(wake, timeout)?;
+        let r = w.wait(wake, timeout);
+        if !always {
+            self.releaser.ch.set_waiting(false);
+        }
+        let (r, socket_readable) = r?;
         if socket_readable {
             self.socket_ready = true;
         }
@@ -532,7 +554,11 @@ impl Connection {
         Ok(r)
     }
 
+    /// The frame-ready eventfd, for the caller's own poll: from now on the producer writes
+    /// it after every delivery.
     pub fn ready_fd(&self) -> RawFd {
+        self.always_wake.store(true, Ordering::Relaxed);
+        self.releaser.ch.set_waiting(true);
         self.ready.as_raw_fd()
     }
 }

@@ -351,6 +351,28 @@ impl ConsumerChannel {
         unsafe { queue_entry(self.base, self.capacity, queue, pos) }
     }
 
+    /// Says whether we wait on the frame-ready eventfd (the producer writes it only then),
+    /// ordered before any later look at the delivery queue.
+    pub fn set_waiting(&self, on: bool) {
+        self.header()
+            .consumer_waits
+            .store(on as u32, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Whether a frame seems to be queued for us (a hint: [`Self::take`] checks).
+    pub fn has_delivery(&self) -> bool {
+        let h = self.header();
+        h.wpos.load(Ordering::Acquire) != h.rpos.load(Ordering::Acquire)
+    }
+
+    /// Whether the producer waits for slots, so that a release made before this call must
+    /// write the slot-released eventfd.
+    pub fn producer_waits(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.header().producer_waits.load(Ordering::Relaxed) != 0
+    }
+
     /// Takes the oldest frame handed to us, if any.
     pub fn take(&self) -> Result<Option<Entry>> {
         let h = self.header();
@@ -701,6 +723,38 @@ mod tests {
             g.total_size * 2
         )
         .is_err());
+    }
+
+    #[test]
+    fn wake_ups_are_asked_for_by_the_side_that_waits() {
+        let (mut p, c) = client_pair();
+        // Neither side waits: no eventfd is written for deliveries or releases.
+        assert!(!p.consumer_waits());
+        assert!(!c.producer_waits());
+        assert!(!c.has_delivery());
+        let e = Entry {
+            seq: 1,
+            ring_gen: 1,
+            slot: 0,
+        };
+        p.deliver(e).unwrap();
+        assert!(c.has_delivery());
+        // A consumer about to sleep says so; the producer then wakes it.
+        c.set_waiting(true);
+        assert!(p.consumer_waits());
+        c.set_waiting(false);
+        assert!(!p.consumer_waits());
+        assert_eq!(c.take().unwrap(), Some(e));
+        assert!(!c.has_delivery());
+        // A producer waiting for slots says so; the consumer then wakes it on release.
+        p.set_producer_waits(true);
+        assert!(c.producer_waits());
+        assert!(c.release(e));
+        assert_eq!(p.take_releases().unwrap(), vec![e]);
+        p.set_producer_waits(false);
+        assert!(!c.producer_waits());
+        // Nothing released: nothing taken.
+        assert!(p.take_releases().unwrap().is_empty());
     }
 
     #[test]

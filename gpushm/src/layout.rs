@@ -31,7 +31,7 @@ pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMR1");
 /// "GPUSHMC1" little-endian.
 pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
 /// Bumped whenever any struct in this file changes.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 pub const MAX_PLANES: usize = 4;
 /// Upper bound for the slot count of one ring.
@@ -151,7 +151,15 @@ pub struct ClientHeader {
     /// Frames the client copied out of the ring instead of keeping them zero-copy (client;
     /// a statistic the producer only reports).
     pub copied: AtomicU64,
-    pub _reserved: [AtomicU64; 7],
+    /// Nonzero while the client waits (or is about to wait) on its frame-ready eventfd
+    /// (client): the producer writes that eventfd after a delivery only then, so a client
+    /// busy with a backlog costs no system call per frame.
+    pub consumer_waits: AtomicU32,
+    /// Nonzero while the producer waits for slots to come back (producer): the client writes
+    /// the slot-released eventfd after a release only then. Otherwise the producer takes
+    /// releases when it publishes, and at least every 100 ms.
+    pub producer_waits: AtomicU32,
+    pub _reserved: [AtomicU64; 6],
 }
 
 /// One frame handed to, or given back by, a client.
@@ -180,6 +188,8 @@ const _: () = assert!(offset_of!(ClientHeader, wpos) == 16);
 const _: () = assert!(offset_of!(ClientHeader, dropped) == 48);
 const _: () = assert!(offset_of!(ClientHeader, budget) == 56);
 const _: () = assert!(offset_of!(ClientHeader, copied) == 64);
+const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 72);
+const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 76);
 const _: () = assert!(offset_of!(SlotDesc, latency) == 152);
 const _: () = assert!(offset_of!(SlotDesc, tc_flags) == 160);
 

@@ -329,6 +329,23 @@ impl ClientChannel {
         self.dropped
     }
 
+    /// Asks the client to write its slot-released eventfd after each release (`true`), or
+    /// to leave releases for the producer to pick up (`false`). Ordered before any later
+    /// look at the release queue.
+    pub fn set_producer_waits(&self, on: bool) {
+        self.header()
+            .producer_waits
+            .store(on as u32, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Whether the client waits on its frame-ready eventfd, so that a delivery made before
+    /// this call must write it. (A client that lies only misses or gets wake-ups.)
+    pub fn consumer_waits(&self) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.header().consumer_waits.load(Ordering::Relaxed) != 0
+    }
+
     /// Tells the client how many frames it may reference at once.
     pub fn set_budget(&self, budget: u32) {
         self.header().budget.store(budget, Ordering::Relaxed);
@@ -394,6 +411,11 @@ impl ClientChannel {
         // a release is seen, the read position that took the frame is seen too (Acquire).
         // The other order can see a release of a frame not yet known as taken.
         let w = self.header().rel_wpos.load(Ordering::Acquire);
+        if w == self.rel_rpos {
+            // Nothing released: no allocation (this runs for every frame).
+            self.sync_taken()?;
+            return Ok(Vec::new());
+        }
         self.sync_taken()?;
         if w < self.rel_rpos || w - self.rel_rpos > self.capacity as u64 {
             return Err(Error::protocol(format!(

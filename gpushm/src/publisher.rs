@@ -159,6 +159,9 @@ struct Inner<P> {
     /// Since when every slot of the current ring is referenced by clients and no client gave a
     /// frame back.
     starved_since: Option<Instant>,
+    /// Threads waiting for slots to come back: while there are any, clients write their
+    /// slot-released eventfd after each release (see [`Publisher::want_releases`]).
+    release_waiters: usize,
 }
 
 /// How a server is set up, fixed at start.
@@ -194,6 +197,16 @@ pub struct Publisher<P: Send + 'static> {
     /// a hostile client sent can block (a socket lingering, a file on its FUSE mount), and
     /// neither the connection thread nor the producer may wait for that.
     reaper: Mutex<std::sync::mpsc::Sender<Box<dyn Send>>>,
+}
+
+/// See [`Publisher::want_releases`]: clients stop waking the producer for each release when
+/// the last of these is dropped.
+pub struct ReleaseWait<'a, P: Send + 'static>(&'a Publisher<P>);
+
+impl<P: Send + 'static> Drop for ReleaseWait<'_, P> {
+    fn drop(&mut self) {
+        Publisher::add_release_waiter(&mut lock(&self.0.inner), false);
+    }
 }
 
 /// Connections still in their handshake, at most; more are refused at once.
@@ -349,6 +362,7 @@ impl<P: Send + 'static> Publisher<P> {
                 events: Vec::new(),
                 closing: Vec::new(),
                 starved_since: None,
+                release_waiters: 0,
             }),
             config,
             reserve: Mutex::new(std::fs::File::open("/dev/null").ok()),
@@ -415,6 +429,8 @@ impl<P: Send + 'static> Publisher<P> {
     }
 
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
+        // Releases not taken yet would show as held.
+        self.reclaim();
         let inner = lock(&self.inner);
         let clients = inner
             .clients
@@ -588,15 +604,21 @@ impl<P: Send + 'static> Publisher<P> {
         for c in &guard.clients {
             c.ch.set_budget(policy.budget as u32);
         }
+        // What clients released since the last frame (they wake nobody for it).
+        let mut back = Vec::new();
+        self.reclaim_locked(&mut guard, &mut back);
         // Back-pressure from lossless clients, bounded by max-wait. A client that held the
         // producer up for a whole max-wait is lagging: it is not waited for again until it
         // has caught up, so a stuck consumer costs the others one max-wait, once.
         let deadline = Instant::now().checked_add(policy.max_wait);
         let mut late: Vec<u32> = Vec::new();
+        let mut waiting = false;
+        let mut stopped = false;
         loop {
             let inner = &mut *guard;
             if inner.unlocked || inner.shutdown {
-                return Ok(false);
+                stopped = true;
+                break;
             }
             let mut full = Vec::new();
             let mut failed = Vec::new();
@@ -617,6 +639,14 @@ impl<P: Send + 'static> Publisher<P> {
             if full.is_empty() {
                 break;
             }
+            if !waiting {
+                // Clients wake the connection thread on releases from now on; what they
+                // released before they saw that is taken here.
+                waiting = true;
+                Self::add_release_waiter(inner, true);
+                self.reclaim_locked(inner, &mut back);
+                continue;
+            }
             let now = Instant::now();
             match deadline {
                 Some(d) if now >= d => {
@@ -633,17 +663,28 @@ impl<P: Send + 'static> Publisher<P> {
                 None => guard = self.released.wait(guard).unwrap_or_else(|e| e.into_inner()),
             }
         }
+        if waiting {
+            Self::add_release_waiter(&mut guard, false);
+        }
         let inner = &mut *guard;
         let ri = inner
             .rings
             .iter()
-            .position(|r| r.ring.ring_gen() == ring_gen)
-            .ok_or_else(|| Error::Invalid(format!("ring {ring_gen} is gone")))?;
-        if inner.rings[ri].slots[slot as usize].client_refs != 0 {
-            return Err(Error::Invalid(format!(
-                "slot {slot} is still held by consumers"
-            )));
+            .position(|r| r.ring.ring_gen() == ring_gen);
+        let refused = match ri {
+            _ if stopped => Some(Ok(false)),
+            None => Some(Err(Error::Invalid(format!("ring {ring_gen} is gone")))),
+            Some(ri) if inner.rings[ri].slots[slot as usize].client_refs != 0 => Some(Err(
+                Error::Invalid(format!("slot {slot} is still held by consumers")),
+            )),
+            Some(_) => None,
+        };
+        if let Some(r) = refused {
+            drop(guard);
+            self.give_back(back);
+            return r;
         }
+        let ri = ri.unwrap_or_default();
         let seq = inner.next_seq;
         inner.next_seq += 1;
         meta.caps_gen = inner.caps.as_ref().map_or(0, |c| c.0);
@@ -715,7 +756,10 @@ impl<P: Send + 'static> Publisher<P> {
                 Ok(true) => {
                     c.sent += 1;
                     inner.rings[ri].slots[slot as usize].client_refs += 1;
-                    shm::notify(&c.ready);
+                    // A client busy with earlier frames takes this one without a wake-up.
+                    if c.ch.consumer_waits() {
+                        shm::notify(&c.ready);
+                    }
                 }
                 Ok(false) => {
                     c.ch.skip();
@@ -724,7 +768,6 @@ impl<P: Send + 'static> Publisher<P> {
                 Err(e) => failed.push((c.id, e.to_string())),
             }
         }
-        let mut back = Vec::new();
         for e in released {
             Self::unref_slot(inner, e, &mut back);
         }
@@ -737,6 +780,68 @@ impl<P: Send + 'static> Publisher<P> {
         self.give_back(back);
         self.emit(events);
         Ok(true)
+    }
+
+    /// Takes back what clients released, in every client's release queue: slots whose last
+    /// reader is done come free, and their parked owners go to `back`. Costs no system call;
+    /// runs for every frame and every round of the connection thread.
+    fn reclaim_locked(&self, inner: &mut Inner<P>, back: &mut Vec<(Requeue<P>, P)>) {
+        let mut released = Vec::new();
+        let mut failed = Vec::new();
+        for c in inner.clients.iter_mut() {
+            match c.ch.take_releases() {
+                Ok(list) => released.extend(list),
+                Err(e) => failed.push((c.id, e.to_string())),
+            }
+        }
+        if !released.is_empty() {
+            // Slots move: whoever holds them now is slow, not hoarding.
+            inner.starved_since = None;
+        }
+        for e in released {
+            Self::unref_slot(inner, e, back);
+        }
+        for (id, why) in failed {
+            self.drop_client(inner, id, why);
+        }
+    }
+
+    /// Counts a thread that starts (`true`) or stops waiting for slots to come back. While
+    /// one waits, clients write their slot-released eventfd after each release.
+    fn add_release_waiter(inner: &mut Inner<P>, start: bool) {
+        let before = inner.release_waiters > 0;
+        if start {
+            inner.release_waiters += 1;
+        } else {
+            inner.release_waiters = inner.release_waiters.saturating_sub(1);
+        }
+        let now = inner.release_waiters > 0;
+        if before != now {
+            for c in &inner.clients {
+                c.ch.set_producer_waits(now);
+            }
+        }
+    }
+
+    /// Takes back at once what clients released (they do not wake the producer for each
+    /// release): owners of slots whose last reader is done go back to their pools.
+    pub fn reclaim(&self) {
+        let mut inner = lock(&self.inner);
+        let mut back = Vec::new();
+        self.reclaim_locked(&mut inner, &mut back);
+        let events = std::mem::take(&mut inner.events);
+        drop(inner);
+        self.give_back(back);
+        self.emit(events);
+    }
+
+    /// For a thread about to wait for a slot (a pool with none free): while the returned
+    /// guard lives, clients wake the connection thread on each release, which gives slots
+    /// back as they come. What they released already is taken back at once.
+    pub fn want_releases(&self) -> ReleaseWait<'_, P> {
+        Self::add_release_waiter(&mut lock(&self.inner), true);
+        self.reclaim();
+        ReleaseWait(self)
     }
 
     /// The pool got `buffer` back. Returns it if no client holds its slot, otherwise parks it
@@ -929,25 +1034,16 @@ impl<P: Send + 'static> Publisher<P> {
                     }
                 }
                 Kind::Release(id) => {
-                    let Some(c) = inner.clients.iter_mut().find(|c| c.id == id) else {
-                        continue;
-                    };
-                    shm::drain(&c.release);
-                    match c.ch.take_releases() {
-                        Ok(list) => {
-                            // Slots move: whoever holds them now is slow, not hoarding.
-                            if !list.is_empty() {
-                                inner.starved_since = None;
-                            }
-                            for e in list {
-                                Self::unref_slot(&mut inner, e, &mut back);
-                            }
-                        }
-                        Err(e) => self.drop_client(&mut inner, id, e.to_string()),
+                    // Releases of every client are taken below.
+                    if let Some(c) = inner.clients.iter().find(|c| c.id == id) {
+                        shm::drain(&c.release);
                     }
                 }
             }
         }
+        // Every round (at least every 100 ms with clients), whether a client woke us or not:
+        // clients write their eventfd only while someone waits for a slot.
+        self.reclaim_locked(&mut inner, &mut back);
         // Handshakes: from the highest index down so removals keep the others valid.
         done_pending.sort_unstable();
         for i in done_pending.into_iter().rev() {
@@ -1172,6 +1268,7 @@ impl<P: Send + 'static> Publisher<P> {
         match client {
             Ok(c) => {
                 inner.next_client_id += 1;
+                c.ch.set_producer_waits(inner.release_waiters > 0);
                 inner.clients.push(c);
                 inner.events.push(Event::Connected {
                     id,
@@ -1377,6 +1474,7 @@ impl FramePublisher {
             .checked_add(timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(100 * 365 * 86_400));
         let mut f = cur.free.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiting = None;
         loop {
             if let Some(slot) = f.pop() {
                 drop(f);
@@ -1385,6 +1483,14 @@ impl FramePublisher {
                     slot,
                     published: false,
                 });
+            }
+            if waiting.is_none() {
+                // Consumers wake the connection thread on releases while we wait; what they
+                // released already comes back now (into `free`, hence without its lock).
+                drop(f);
+                waiting = Some(self.engine.want_releases());
+                f = cur.free.0.lock().unwrap_or_else(|e| e.into_inner());
+                continue;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

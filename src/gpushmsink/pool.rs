@@ -182,6 +182,34 @@ mod imp {
             self.parent_set_config(config)
         }
 
+        fn acquire_buffer(
+            &self,
+            params: Option<&gst::BufferPoolAcquireParams>,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            let flags = params.map_or(gst::BufferPoolAcquireFlags::empty(), |p| p.flags());
+            let mut now = params.copied().unwrap_or_else(|| {
+                gst::BufferPoolAcquireParams::with_flags(gst::BufferPoolAcquireFlags::empty())
+            });
+            now.set_flags(flags | gst::BufferPoolAcquireFlags::DONTWAIT);
+            match self.parent_acquire_buffer(Some(&now)) {
+                Err(gst::FlowError::Eos)
+                    if !flags.contains(gst::BufferPoolAcquireFlags::DONTWAIT) =>
+                {
+                    // Every slot is out. Consumers do not wake the producer for each release:
+                    // take back what they released, and have them wake it while we wait.
+                    let server = self
+                        .state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .server
+                        .upgrade();
+                    let _waiting = server.as_ref().map(|s| s.want_releases());
+                    self.parent_acquire_buffer(params)
+                }
+                r => r,
+            }
+        }
+
         fn alloc_buffer(
             &self,
             _params: Option<&gst::BufferPoolAcquireParams>,
