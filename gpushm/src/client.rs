@@ -529,6 +529,11 @@ impl Connection {
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
         let always = self.always_wake.load(Ordering::Relaxed);
+        if !always {
+            // Cleared before asking, not after waking: the system call is then off the way
+            // of the next frame. A wake-up written from here on stays readable for poll.
+            shm::drain(&self.ready);
+        }
         let ch = &self.releaser.ch;
         // Ask for a wake-up, then look once more: a frame delivered before the producer saw
         // the request came without one.
@@ -548,7 +553,8 @@ impl Connection {
         if socket_readable {
             self.socket_ready = true;
         }
-        if matches!(r, Wait::Ready) {
+        if always && matches!(r, Wait::Ready) {
+            // The caller's own poll sees the descriptor: readable only while news may wait.
             shm::drain(&self.ready);
         }
         Ok(r)
