@@ -264,6 +264,14 @@ impl Reader {
         }
     }
 
+    /// Whether the other thread reads the ring now.
+    fn worker_busy(&self) -> bool {
+        matches!(
+            self.worker.try_lock(),
+            Err(std::sync::TryLockError::WouldBlock)
+        )
+    }
+
     /// The next item for `create()`: from the queue, or straight from the ring when the queue
     /// is empty. `None` when flushing or stopping. Also says whether frames were dropped
     /// before it.
@@ -294,8 +302,11 @@ impl Reader {
                 {
                     self.stop.wake();
                 }
+                // The receiver lets go of the ring and then notifies under the queue lock:
+                // checked under that lock, a hand-back between our try and our wait still
+                // wakes us (instead of leaving frames in the ring for a whole GRACE).
                 let q = self.shared.queue();
-                if q.items.is_empty() && !q.flushing && !q.stopping {
+                if q.items.is_empty() && !q.flushing && !q.stopping && self.worker_busy() {
                     drop(self.shared.cond.wait_timeout(q, GRACE));
                 }
                 continue;
@@ -430,6 +441,8 @@ impl Reader {
                 }
             }
             drop(w);
+            // Under the queue lock: see next_item().
+            let _q = self.shared.queue();
             self.shared.cond.notify_all();
         }
     }
