@@ -688,6 +688,9 @@ fn a_blocked_leaky_consumer_drops_its_oldest_queued_frames_and_counts_them() {
         .unwrap()
         .by_name("src")
         .unwrap();
+    // The source's streaming thread waits in create() for a while first, the receiver thread
+    // asleep meanwhile: it must still wake and take over once downstream blocks.
+    std::thread::sleep(Duration::from_millis(200));
     for n in 0..6 {
         sink.push(gray_frame(n, 64, 48)).unwrap();
         std::thread::sleep(Duration::from_millis(30));
@@ -711,6 +714,66 @@ fn a_blocked_leaky_consumer_drops_its_oldest_queued_frames_and_counts_them() {
     let mut q = gst::query::Latency::new();
     assert!(src.query(&mut q));
     assert!(q.result().0, "a live source");
+    consumer.set_state(gst::State::Null).unwrap();
+}
+
+/// Frames flow, then downstream blocks for a while mid-stream: the receiver thread (asleep
+/// while frames kept coming) wakes within its grace and takes frames from the ring, so the
+/// producer loses nothing for this consumer; the leaky queue drops its oldest frames instead.
+#[test]
+fn downstream_blocking_mid_stream_costs_the_producer_nothing() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("midstream.sock");
+    let mut sink = sink_harness_with(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+        |e| e.set_property("slots", 8u32),
+    );
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc name=src max-size-buffers=2 socket-path={} ! fakesink name=out sync=false",
+        sock.display()
+    ))
+    .unwrap();
+    let bin = consumer.downcast_ref::<gst::Bin>().unwrap();
+    let src = bin.by_name("src").unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    {
+        let seen = seen.clone();
+        bin.by_name("out")
+            .unwrap()
+            .static_pad("sink")
+            .unwrap()
+            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+                if seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 10 {
+                    std::thread::sleep(Duration::from_millis(600));
+                }
+                gst::PadProbeReturn::Ok
+            });
+    }
+    consumer.set_state(gst::State::Playing).unwrap();
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..30 {
+        sink.push(gray_frame(n, 64, 48)).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen.load(std::sync::atomic::Ordering::SeqCst) + src.property::<u64>("frames-dropped")
+        < 30
+    {
+        assert!(Instant::now() < deadline, "frames went missing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The receiver queued what came while downstream blocked (dropping the oldest beyond
+    // max-size-buffers): the producer never had to skip a frame for us.
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-dropped").unwrap(), 0, "{stats}");
+    assert!(
+        src.property::<u64>("frames-dropped") > 0,
+        "downstream did block"
+    );
     consumer.set_state(gst::State::Null).unwrap();
 }
 

@@ -14,11 +14,16 @@
 //!   sinks keeping their last buffer) therefore never make the producer skip or wait.
 
 use std::collections::VecDeque;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 
 use gst::glib;
 use gst::glib::translate::IntoGlib;
@@ -121,6 +126,13 @@ struct Queue {
     present: bool,
     /// When the streaming thread last left `create()` (`None`: never came).
     away_since: Option<std::time::Instant>,
+    /// The streaming thread armed the receiver's timer this many times ([`Reader::watch`]),
+    /// the last time at `last_arm`.
+    arms: u64,
+    last_arm: Option<std::time::Instant>,
+    /// The value of `arms` when the receiver last saw the timer fire: while equal, the timer
+    /// is not armed and the receiver looks every [`GRACE`] instead.
+    fired: u64,
     /// Threads waiting for downstream to drop a frame (only they need the wake-up).
     release_waiters: u32,
 }
@@ -130,8 +142,6 @@ struct Queue {
 pub(super) struct Shared {
     q: Mutex<Queue>,
     cond: Condvar,
-    /// Where the receiver thread idles while the streaming thread reads (woken to stop).
-    park: Condvar,
     /// The newest caps the producer announced, for caps queries.
     pub caps: Mutex<Option<Arc<str>>>,
     /// The producer pipeline's latency from its newest frame (`NONE_U64`: unknown).
@@ -253,6 +263,11 @@ pub(super) struct Reader {
     pub shared: Arc<Shared>,
     worker: Mutex<Worker>,
     stop: Waker,
+    /// Wakes the receiver thread [`GRACE`] after the streaming thread last came into
+    /// `create()`. The streaming thread pushes the deadline on as it comes back, so while it
+    /// keeps up the receiver sleeps without waking (a timed wait would wake it every GRACE,
+    /// which at 30 frames/s cost as much CPU time as the frames themselves).
+    watch: TimerFd,
 }
 
 impl Reader {
@@ -262,6 +277,29 @@ impl Reader {
             Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
+    }
+
+    /// Sets the receiver thread's timer to fire `after` from now.
+    fn arm(&self, after: Duration) -> nix::Result<()> {
+        self.watch.set(
+            Expiration::OneShot(TimeSpec::from_duration(after)),
+            TimerSetTimeFlags::empty(),
+        )
+    }
+
+    /// The receiver thread sleeps until its timer fires or `timeout` (`None`: no timeout)
+    /// ends. Returns whether the timer fired (and clears it).
+    fn sleep(&self, timeout: Option<Duration>) -> bool {
+        let t = timeout.map_or(PollTimeout::NONE, |d| {
+            PollTimeout::try_from(d.as_millis().clamp(1, i32::MAX as u128) as i32)
+                .unwrap_or(PollTimeout::MAX)
+        });
+        let mut pfd = [PollFd::new(self.watch.as_fd(), PollFlags::POLLIN)];
+        if !matches!(poll(&mut pfd, t), Ok(n) if n > 0) {
+            return false;
+        }
+        let mut ticks = [0u8; 8];
+        matches!(nix::unistd::read(self.watch.as_fd(), &mut ticks), Ok(8))
     }
 
     /// Whether the other thread reads the ring now.
@@ -277,6 +315,7 @@ impl Reader {
     /// before it.
     pub fn next_item(&self) -> Option<(Item, bool)> {
         let mut asked = false;
+        let mut came = false;
         let r = loop {
             let mut q = self.shared.queue();
             if q.flushing || q.stopping {
@@ -293,7 +332,23 @@ impl Reader {
                 break Some((item, discont));
             }
             q.present = true;
+            // Pushes the receiver's wake-up to GRACE from now, at most every GRACE / 4 (a
+            // system call, off the way of the frame we wait for).
+            let arm = !std::mem::replace(&mut came, true)
+                && match (q.last_arm, q.away_since) {
+                    (Some(armed), Some(left)) => left.saturating_duration_since(armed) >= GRACE / 4,
+                    _ => true,
+                };
+            if arm {
+                q.arms += 1;
+                q.last_arm = Some(q.away_since.unwrap_or_else(std::time::Instant::now));
+            }
             drop(q);
+            if arm && self.arm(GRACE).is_err() {
+                // Not armed: the receiver looks every GRACE instead.
+                let mut q = self.shared.queue();
+                q.fired = q.arms;
+            }
             let Some(mut w) = self.worker() else {
                 // The receiver thread reads: ask it once to hand the ring back, and wait for
                 // that or for what it queues.
@@ -391,26 +446,28 @@ impl Reader {
                         return;
                     }
                     let wait = match q.away_since {
-                        _ if q.present => GRACE,
+                        // The streaming thread waits for a frame: sleep until the timer it
+                        // armed as it came fires (or every GRACE once that has fired).
+                        _ if q.present => (q.arms == q.fired).then_some(GRACE),
                         None => break,
                         Some(t) => match GRACE.checked_sub(t.elapsed()) {
-                            Some(left) if !left.is_zero() => left,
+                            Some(left) if !left.is_zero() => Some(left),
                             _ => break,
                         },
                     };
-                    q = self
-                        .shared
-                        .park
-                        .wait_timeout(q, wait)
-                        .unwrap_or_else(|e| e.into_inner())
-                        .0;
+                    drop(q);
+                    let fired = self.sleep(wait);
+                    q = self.shared.queue();
+                    if fired {
+                        q.fired = q.arms;
+                    }
                 }
             }
             let Some(mut w) = self.worker() else {
-                // The streaming thread reads: look again later.
+                // The streaming thread reads (it is in create()): back to sleep.
                 let q = self.shared.queue();
-                if !q.stopping {
-                    drop(self.shared.park.wait_timeout(q, GRACE));
+                if !q.present && !q.stopping {
+                    drop(self.shared.cond.wait_timeout(q, GRACE));
                 }
                 continue;
             };
@@ -481,10 +538,16 @@ impl Receiver {
             gave_up_waiting: false,
             writable_refusal_warned: false,
         };
+        let watch = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
+        )
+        .map_err(|e| Error::os("creating the receiver's timer", e))?;
         let reader = Arc::new(Reader {
             shared,
             worker: Mutex::new(worker),
             stop,
+            watch,
         });
         let r = reader.clone();
         let thread = std::thread::Builder::new()
@@ -508,7 +571,8 @@ impl Drop for Receiver {
         let shared = &self.reader.shared;
         shared.queue().stopping = true;
         shared.cond.notify_all();
-        shared.park.notify_all();
+        // The receiver may sleep on its timer alone.
+        let _ = self.reader.arm(Duration::from_nanos(1));
         self.reader.stop.wake();
         if let Some(t) = self.thread.take() {
             // The thread may hold the last reference to the element for a moment: never
