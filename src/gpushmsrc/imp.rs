@@ -153,6 +153,9 @@ struct Started {
     /// The last timestamp placed by a shifted mapping, on our clock (re-anchoring never
     /// goes back past it).
     last_mapped: i128,
+    /// The last raw-video PTS pushed (running time): never gone back past. After a pause, a
+    /// frame stamped just before this pipeline played again would map before it.
+    last_pts: Option<gst::ClockTime>,
     serial: u64,
     /// The latency this source last answered (ns).
     answered_latency: Option<u64>,
@@ -237,6 +240,7 @@ impl GpuShmSrc {
             st.serial = f.conn_serial;
             st.mapping = Mapping::Undecided;
             st.last_mapped = i128::MIN;
+            st.last_pts = None;
         }
         let base = base.nseconds() as i128;
         // The publish moment on our pipeline's clock (publish_ns is CLOCK_MONOTONIC; a bogus
@@ -312,14 +316,20 @@ impl GpuShmSrc {
         } else if std::mem::take(&mut st.clamped) {
             b.set_flags(gst::BufferFlags::DISCONT);
         }
-        b.set_pts(running(mapped));
+        let mut pts = running(mapped);
+        if f.caps.starts_with("video/x-raw") {
+            // Raw video has no reordering: its PTS never goes back.
+            if let Some(last) = st.last_pts.filter(|&l| pts < l) {
+                pts = last;
+            }
+            st.last_pts = Some(pts);
+        }
+        b.set_pts(pts);
         b.set_dts(if m.dts_clock == NONE_U64 {
             gst::ClockTime::NONE
         } else {
             // Never after the PTS (nor, then, in the future).
-            Some(running(
-                (m.dts_clock as i128 + (mapped - pts_clock)).min(mapped),
-            ))
+            Some(running((m.dts_clock as i128 + (mapped - pts_clock)).min(mapped)).min(pts))
         });
     }
 
@@ -767,6 +777,7 @@ impl BaseSrcImpl for GpuShmSrc {
             pad_caps: None,
             mapping: Mapping::Undecided,
             last_mapped: i128::MIN,
+            last_pts: None,
             serial: 0,
             answered_latency: None,
             clock_warned: false,

@@ -120,21 +120,35 @@ struct Queue {
     /// The pipeline went back to PAUSED: a live source produces nothing then, so frames are
     /// given back as they arrive (counted as dropped) and nobody waits for us.
     paused: bool,
+    /// When (CLOCK_MONOTONIC ns) the pipeline last went back to PLAYING after a pause: frames
+    /// published before, read only now, are as stale as those that arrived while paused (their
+    /// timestamps would go back before the last frame pushed before the pause).
+    playing_since: u64,
     /// Frames were dropped from this queue since the last one popped.
     discont: bool,
     /// The streaming thread waits in `create()` and reads the ring itself.
     present: bool,
     /// When the streaming thread last left `create()` (`None`: never came).
     away_since: Option<std::time::Instant>,
-    /// The streaming thread armed the receiver's timer this many times ([`Reader::watch`]),
-    /// the last time at `last_arm`.
+    /// The streaming thread armed the receiver's timer this many times ([`Reader::watch`]).
     arms: u64,
+    /// When the streaming thread had last left `create()` as it armed the timer (the rate
+    /// limit counts from there: it errs towards arming more often).
     last_arm: Option<std::time::Instant>,
-    /// The value of `arms` when the receiver last saw the timer fire: while equal, the timer
-    /// is not armed and the receiver looks every [`GRACE`] instead.
+    /// The value of `arms` when the receiver last saw the timer fire. While they differ, the
+    /// timer is armed or its fire is still unread; while equal, it may not be armed and the
+    /// receiver looks every [`GRACE`] instead.
     fired: u64,
     /// Threads waiting for downstream to drop a frame (only they need the wake-up).
     release_waiters: u32,
+}
+
+impl Queue {
+    /// A frame that must not be pushed: it came while the pipeline was paused, or was
+    /// published before it played again.
+    fn stale(&self, item: &Item) -> bool {
+        matches!(item, Item::Frame(f) if self.paused || f.details.meta.publish_ns < self.playing_since)
+    }
 }
 
 /// State shared between the receiver thread, the streaming thread and property reads.
@@ -177,7 +191,9 @@ impl Shared {
     pub fn go(&self) {
         let mut q = self.queue();
         q.go = true;
-        q.paused = false;
+        if std::mem::take(&mut q.paused) {
+            q.playing_since = crate::ring::monotonic_ns();
+        }
         drop(q);
         self.cond.notify_all();
     }
@@ -242,6 +258,10 @@ impl Shared {
 /// receiver thread takes frames from the ring in its place.
 const GRACE: Duration = Duration::from_millis(50);
 
+/// How long the receiver thread sleeps at most while the streaming thread waits in
+/// `create()`: normally its timer wakes it, this only bounds the wait should arming it fail.
+const IDLE_LOOK: Duration = Duration::from_secs(1);
+
 /// What one read from the ring gave. (Moved once per frame: not worth a box.)
 #[allow(clippy::large_enum_variant)]
 enum Step {
@@ -263,9 +283,9 @@ pub(super) struct Reader {
     pub shared: Arc<Shared>,
     worker: Mutex<Worker>,
     stop: Waker,
-    /// Wakes the receiver thread [`GRACE`] after the streaming thread last came into
-    /// `create()`. The streaming thread pushes the deadline on as it comes back, so while it
-    /// keeps up the receiver sleeps without waking (a timed wait would wake it every GRACE,
+    /// Wakes the receiver thread [`GRACE`] after the streaming thread last armed it coming
+    /// into `create()`. The streaming thread pushes the deadline on as it comes back, so while
+    /// it keeps up the receiver sleeps without waking (a timed wait would wake it every GRACE,
     /// which at 30 frames/s cost as much CPU time as the frames themselves).
     watch: TimerFd,
 }
@@ -287,13 +307,14 @@ impl Reader {
         )
     }
 
-    /// The receiver thread sleeps until its timer fires or `timeout` (`None`: no timeout)
-    /// ends. Returns whether the timer fired (and clears it).
+    /// The receiver thread sleeps until its timer fires or `timeout` ends (`None`: only a
+    /// safety limit, [`IDLE_LOOK`], in case the timer could not be armed). Returns whether the
+    /// timer fired (and clears it).
     fn sleep(&self, timeout: Option<Duration>) -> bool {
-        let t = timeout.map_or(PollTimeout::NONE, |d| {
-            PollTimeout::try_from(d.as_millis().clamp(1, i32::MAX as u128) as i32)
-                .unwrap_or(PollTimeout::MAX)
-        });
+        let d = timeout.unwrap_or(IDLE_LOOK);
+        // Rounded up: waking a little early would cost a second wake-up.
+        let ms = d.as_nanos().div_ceil(1_000_000).clamp(1, i32::MAX as u128) as i32;
+        let t = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
         let mut pfd = [PollFd::new(self.watch.as_fd(), PollFlags::POLLIN)];
         if !matches!(poll(&mut pfd, t), Ok(n) if n > 0) {
             return false;
@@ -382,7 +403,7 @@ impl Reader {
                 Step::Item(item) => {
                     drop(w);
                     let mut q = self.shared.queue();
-                    if q.paused && matches!(item, Item::Frame(_)) {
+                    if q.stale(&item) {
                         // It came after the pipeline paused (create() was on its way out):
                         // stale once it plays again, as the receiver's frames are.
                         q.discont = true;
@@ -464,7 +485,8 @@ impl Reader {
                 }
             }
             let Some(mut w) = self.worker() else {
-                // The streaming thread reads (it is in create()): back to sleep.
+                // The streaming thread reads (it is in create()): back to sleep, above. Only if
+                // it already left again, wait a GRACE here first.
                 let q = self.shared.queue();
                 if !q.present && !q.stopping {
                     drop(self.shared.cond.wait_timeout(q, GRACE));
@@ -777,7 +799,7 @@ impl Worker {
         // frame's release takes the lock.
         let mut dropped = Vec::new();
         let mut q = self.shared.queue();
-        if q.paused && matches!(item, Item::Frame(_)) {
+        if q.stale(&item) {
             q.discont = true;
             self.shared.dropped_from_queue(1);
             return !q.stopping;
