@@ -14,6 +14,20 @@ pub fn wrap_slot_memory<K: Send + 'static>(
     readonly: bool,
     keep: Box<K>,
 ) -> gst::Memory {
+    wrap_slot_memory_keeping(ptr, maxsize, len, readonly, keep).0
+}
+
+/// [`wrap_slot_memory`], also returning where `keep` now lives. It stays there until the
+/// memory is freed; whoever holds the memory's only reference may change it through that
+/// pointer (before handing the memory on): the consumer makes memories ahead of their frames
+/// and puts the frame's lease in when the frame comes.
+pub fn wrap_slot_memory_keeping<K: Send + 'static>(
+    ptr: *mut u8,
+    maxsize: usize,
+    len: usize,
+    readonly: bool,
+    keep: Box<K>,
+) -> (gst::Memory, *mut K) {
     unsafe extern "C" fn destroy<K>(data: gst::glib::ffi::gpointer) {
         // SAFETY: `data` is the Box leaked below, freed exactly once by GStreamer.
         drop(unsafe { Box::from_raw(data as *mut K) });
@@ -26,7 +40,7 @@ pub fn wrap_slot_memory<K: Send + 'static>(
     };
     // SAFETY: `ptr..ptr+maxsize` stays mapped while `keep` lives, which GStreamer guarantees
     // until `destroy` runs.
-    unsafe {
+    let mem = unsafe {
         from_glib_full(gst::ffi::gst_memory_new_wrapped(
             flags,
             ptr as gst::glib::ffi::gpointer,
@@ -36,5 +50,6 @@ pub fn wrap_slot_memory<K: Send + 'static>(
             user_data as gst::glib::ffi::gpointer,
             Some(destroy::<K>),
         ))
-    }
+    };
+    (mem, user_data)
 }

@@ -163,6 +163,58 @@ fn src_connect_errors_that_cannot_fix_themselves_fail_at_once() {
     }
 }
 
+/// Frames a consumer keeps stay intact while the ring goes round many times: the slot of a
+/// frame downstream holds is not given back before downstream drops it. This holds for frames
+/// in memories the consumer made ahead (for slots frames came in before) as for fresh ones.
+#[test]
+fn held_frames_stay_intact_while_the_ring_goes_round() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("held.sock");
+    let mut sink = sink_harness_with(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+        |e| e.set_property("slots", 8u32),
+    );
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut n = 0u64;
+    let mut next = |sink: &mut Harness, src: &mut Harness| {
+        assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
+        let b = src.pull().expect("a buffer");
+        assert_eq!(b.offset(), n);
+        n += 1;
+        b
+    };
+    // Twice round the ring: every slot has had a frame.
+    for _ in 0..16 {
+        drop(next(&mut sink, &mut src));
+    }
+    // Two frames kept (zero-copy: within the client budget) while the ring goes round
+    // four more times (the frames beyond the budget arrive as copies).
+    let kept: Vec<gst::Buffer> = (0..2).map(|_| next(&mut sink, &mut src)).collect();
+    for _ in 0..32 {
+        drop(next(&mut sink, &mut src));
+    }
+    for b in &kept {
+        let expect = gray_frame(b.offset(), 64, 48);
+        assert!(
+            b.map_readable().unwrap().as_slice() == expect.map_readable().unwrap().as_slice(),
+            "frame {} changed while it was held",
+            b.offset()
+        );
+    }
+    let copied = src.element().unwrap().property::<u64>("frames-copied");
+    assert_eq!(
+        copied, 32,
+        "only the frames that came while two were kept are copies: the kept ones are in the ring"
+    );
+}
+
 #[test]
 fn frames_metadata_and_eos_travel_through_the_harnesses() {
     init();
@@ -181,9 +233,12 @@ fn frames_metadata_and_eos_travel_through_the_harnesses() {
     }
     // One at a time: a consumer may hold at most half the ring (client-budget).
     let mut last_pts = None;
+    let mut last_publish = 0;
     for n in 0..6u64 {
+        let pushed = gstgpushm::ring::monotonic_ns();
         assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
         let b = src.pull().expect("a buffer");
+        let pulled = gstgpushm::ring::monotonic_ns();
         let expect = gray_frame(n, 64, 48);
         assert_eq!(
             b.map_readable().unwrap().as_slice(),
@@ -205,9 +260,20 @@ fn frames_metadata_and_eos_travel_through_the_harnesses() {
         let vm = b.meta::<gst_video::VideoMeta>().expect("video meta");
         assert_eq!((vm.width(), vm.height(), vm.stride()[0]), (64, 48, 64));
         let publish = gst::Caps::new_empty_simple(gstgpushm::PUBLISH_TIMESTAMP_CAPS);
-        assert!(b
+        let published: Vec<u64> = b
             .iter_meta::<gst::ReferenceTimestampMeta>()
-            .any(|m| m.reference() == publish.as_ref()));
+            .filter(|m| m.reference() == publish.as_ref())
+            .map(|m| m.timestamp().nseconds())
+            .collect();
+        // One publish time per buffer (the consumer fills in a meta made ahead of the
+        // frame): when this frame was published, on CLOCK_MONOTONIC.
+        assert_eq!(published.len(), 1, "frame {n}: {published:?}");
+        assert!(
+            (pushed..=pulled).contains(&published[0]) && published[0] > last_publish,
+            "frame {n}: published at {}, pushed at {pushed}, pulled at {pulled}, previous {last_publish}",
+            published[0]
+        );
+        last_publish = published[0];
         // Writers get a copy (GStreamer copies non-writable memory on a write map); the ring
         // itself is mapped PROT_READ (see the ring's unit tests).
         assert!(

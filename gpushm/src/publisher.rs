@@ -604,9 +604,17 @@ impl<P: Send + 'static> Publisher<P> {
         for c in &guard.clients {
             c.ch.set_budget(policy.budget as u32);
         }
-        // What clients released since the last frame (they wake nobody for it).
+        // What clients released since the last frame (they wake nobody for it). Taken after
+        // the frame went out (off its way: reading each client's release queue is a cache
+        // miss per client) unless a client may be full by the counts of the last frame: a
+        // client under the smaller limit (what a leaky client keeps zero-copy) is treated
+        // the same whatever it released since.
         let mut back = Vec::new();
-        self.reclaim_locked(&mut guard, &mut back);
+        let limit = crate::layout::zero_copy_limit(policy.budget);
+        let reclaimed = guard.clients.iter().any(|c| c.refs() >= limit);
+        if reclaimed {
+            self.reclaim_locked(&mut guard, &mut back);
+        }
         // Back-pressure from lossless clients, bounded by max-wait. A client that held the
         // producer up for a whole max-wait is lagging: it is not waited for again until it
         // has caught up, so a stuck consumer costs the others one max-wait, once.
@@ -729,6 +737,8 @@ impl<P: Send + 'static> Publisher<P> {
                     }
                 }
                 if !c.lossless || c.lagging {
+                    // What it took since the last frame (its releases may be taken later).
+                    c.ch.sync_taken()?;
                     // Keep a short backlog and stay under the budget: drop the oldest frames
                     // the client has not taken yet. A client that takes nothing pins at most
                     // what it keeps zero-copy plus one.
@@ -773,6 +783,9 @@ impl<P: Send + 'static> Publisher<P> {
         }
         for (id, why) in failed {
             self.drop_client(inner, id, why);
+        }
+        if !reclaimed {
+            self.reclaim_locked(inner, &mut back);
         }
         let events = std::mem::take(&mut inner.events);
         // Return buffers to their pool without our lock held.

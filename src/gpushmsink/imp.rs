@@ -425,7 +425,14 @@ impl GpuShmSink {
         // Read once per frame: each read takes the object lock.
         let obj = self.obj();
         let base = obj.base_time();
-        let segment = obj.segment();
+        // SAFETY: only render() calls this, with the sink pad's stream lock held, and basesink
+        // changes its segment only under that lock. Read in place: `segment()` copies it, an
+        // allocation and a free per frame on the way of every frame.
+        let segment = unsafe {
+            gst::Segment::from_glib_ptr_borrow(
+                &(*(obj.as_ptr() as *const gst_base::ffi::GstBaseSink)).segment,
+            )
+        };
         let segment = segment.downcast_ref::<gst::format::Time>();
         let clock = |t: Option<gst::ClockTime>| -> u64 {
             match (t, base, segment) {

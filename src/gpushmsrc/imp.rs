@@ -205,8 +205,8 @@ impl GpuShmSrc {
     /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
     /// the shift margin when they are placed at their publish time, otherwise the producer
     /// pipeline's own latency, which is how long after its timestamp a frame is published.
-    fn latency(&self, st: &Started) -> u64 {
-        if self.obj().does_timestamp() {
+    fn latency(&self, st: &Started, does_timestamp: bool) -> u64 {
+        if does_timestamp {
             return 0;
         }
         if matches!(st.mapping, Mapping::Shifted(_)) {
@@ -225,13 +225,12 @@ impl GpuShmSrc {
     /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
     /// Never in the future: timestamps that would be are re-anchored to the publish time, with
     /// one warning.
-    fn timestamp(&self, st: &mut Started, b: &mut gst::BufferRef, f: &Details) {
-        let obj = self.obj();
-        if obj.does_timestamp() {
+    fn timestamp(&self, st: &mut Started, t: &Timing, b: &mut gst::BufferRef, f: &Details) {
+        if t.does_timestamp {
             return;
         }
         let m = &f.meta;
-        let (Some(clock), Some(base)) = (obj.clock(), obj.base_time()) else {
+        let (Some(clock), Some(base)) = (&t.clock, t.base) else {
             b.set_pts(clock_time(m.pts));
             b.set_dts(clock_time(m.dts));
             return;
@@ -291,7 +290,7 @@ impl GpuShmSrc {
                 let m = margin.min((pub_ours - base).max(0));
                 Mapping::Shifted(pub_ours - m - pts_clock)
             };
-            self.post_latency_if_changed(st);
+            self.post_latency_if_changed(st, t);
         }
         let (shift, delay) = match st.mapping {
             Mapping::Shifted(s) => (s, 0),
@@ -306,7 +305,7 @@ impl GpuShmSrc {
             self.warn_clock(st, (mapped - pub_ours) as u64);
             mapped = (pub_ours - margin).max(st.last_mapped);
             st.mapping = Mapping::Shifted(mapped - pts_clock);
-            self.post_latency_if_changed(st);
+            self.post_latency_if_changed(st, t);
         }
         st.last_mapped = mapped;
         if mapped < base {
@@ -333,6 +332,16 @@ impl GpuShmSrc {
         });
     }
 
+    /// What timestamp() reads from the element, read at once.
+    fn timing(&self) -> Timing {
+        let obj = self.obj();
+        Timing {
+            does_timestamp: obj.does_timestamp(),
+            clock: obj.clock(),
+            base: obj.base_time(),
+        }
+    }
+
     /// Notes the clock warning, posted once (by create(), without the state lock).
     fn warn_clock(&self, st: &mut Started, ahead: u64) {
         if !std::mem::replace(&mut st.clock_warned, true) {
@@ -342,8 +351,8 @@ impl GpuShmSrc {
 
     /// Notes that the pipeline must ask for our latency again, when it changed since it last
     /// asked (posted by create(), without the state lock).
-    fn post_latency_if_changed(&self, st: &mut Started) {
-        let now = self.latency(st);
+    fn post_latency_if_changed(&self, st: &mut Started, t: &Timing) {
+        let now = self.latency(st, t.does_timestamp);
         if st.answered_latency.is_some_and(|a| a != now) {
             st.answered_latency = Some(now);
             st.latency_changed = true;
@@ -510,6 +519,16 @@ impl GpuShmSrc {
         }
     }
 }
+
+/// What timestamp() needs from the element, read before waiting for a frame.
+struct Timing {
+    does_timestamp: bool,
+    clock: Option<gst::Clock>,
+    base: Option<gst::ClockTime>,
+}
+
+/// create() reads [`Timing`] again when a frame came more than this after it asked.
+const TIMING_STALE_NS: u64 = 100_000_000;
 
 fn clock_time(v: u64) -> Option<gst::ClockTime> {
     (v != NONE_U64).then(|| gst::ClockTime::from_nseconds(v))
@@ -846,7 +865,7 @@ impl BaseSrcImpl for GpuShmSrc {
             let mut guard = self.state();
             let latency = match guard.as_mut() {
                 Some(st) => {
-                    let l = self.latency(st);
+                    let l = self.latency(st, self.obj().does_timestamp());
                     st.answered_latency = Some(l);
                     l
                 }
@@ -884,6 +903,11 @@ impl PushSrcImpl for GpuShmSrc {
     ) -> Result<CreateSuccess, gst::FlowError> {
         // Wait without the state lock: property reads and queries never wait for frames.
         let reader = self.reader().ok_or(gst::FlowError::Flushing)?;
+        // Read before waiting: after a wake-up each read costs several times more, on the
+        // frame's way. Base time and clock change only while create() is not running (a live
+        // source is unlocked before it pauses); read again after a long wait all the same.
+        let mut timing = self.timing();
+        let asked = crate::ring::monotonic_ns();
         let (item, discont) = reader.next_item().ok_or(gst::FlowError::Flushing)?;
         match item {
             Item::Frame(Received {
@@ -891,6 +915,9 @@ impl PushSrcImpl for GpuShmSrc {
                 details: f,
                 headers,
             }) => {
+                if f.arrival_ns.saturating_sub(asked) > TIMING_STALE_NS {
+                    timing = self.timing();
+                }
                 // The state lock is held only for bookkeeping: caps events, warnings and
                 // messages go out without it (a bus sync handler may read our properties).
                 let mut guard = self.state();
@@ -917,11 +944,11 @@ impl PushSrcImpl for GpuShmSrc {
                     if let Some(dev) = &st.cuda {
                         self.add_cuda_meta(dev, b, &f);
                     }
-                    self.timestamp(st, b, &f);
+                    self.timestamp(st, &timing, b, &f);
                     if discont {
                         b.set_flags(gst::BufferFlags::DISCONT);
                     }
-                    self.post_latency_if_changed(st);
+                    self.post_latency_if_changed(st, &timing);
                     (
                         st.clock_warning.take(),
                         std::mem::take(&mut st.latency_changed),

@@ -30,7 +30,7 @@ use gst::glib::translate::IntoGlib;
 use gst::prelude::*;
 
 use super::imp::CAT;
-use crate::memory::wrap_slot_memory;
+use crate::memory::{wrap_slot_memory, wrap_slot_memory_keeping};
 use crate::ring::client::{ConnectOptions, Frame, Subscriber, Waker};
 use crate::ring::consumer::ConsumerRing;
 use crate::ring::layout::{MAX_PLANES, NONE_U64};
@@ -50,7 +50,11 @@ struct NotifyOnRelease {
 
 impl Drop for NotifyOnRelease {
     fn drop(&mut self) {
-        drop(self.lease.take());
+        // A memory made ahead that never got a frame: nothing to give back.
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        drop(lease);
         if let Some(s) = self.shared.upgrade() {
             // Taking the lock orders this wake-up after a waiter's check of should_copy(), so
             // none is missed. The receiver never drops frames while it holds the lock.
@@ -144,6 +148,13 @@ struct Queue {
 }
 
 impl Queue {
+    /// The streaming thread leaves create(): the receiver thread reads from now on if it
+    /// does not come back within GRACE.
+    fn leave(&mut self) {
+        self.present = false;
+        self.away_since = Some(std::time::Instant::now());
+    }
+
     /// A frame that must not be pushed: it came while the pipeline was paused, or was
     /// published before it played again.
     fn stale(&self, item: &Item) -> bool {
@@ -347,10 +358,11 @@ impl Reader {
                     q.bytes = q.bytes.saturating_sub(f.buffer.size() as u64);
                 }
                 let discont = std::mem::take(&mut q.discont);
+                q.leave();
                 drop(q);
                 // A receiver waiting for room (lossless) goes on.
                 self.shared.cond.notify_all();
-                break Some((item, discont));
+                return Some((item, discont));
             }
             q.present = true;
             // Pushes the receiver's wake-up to GRACE from now, at most every GRACE / 4 (a
@@ -413,7 +425,8 @@ impl Reader {
                         continue;
                     }
                     let discont = std::mem::take(&mut q.discont);
-                    break Some((item, discont));
+                    q.leave();
+                    return Some((item, discont));
                 }
                 Step::Interrupted => {}
                 Step::Done => {
@@ -426,9 +439,7 @@ impl Reader {
                 }
             }
         };
-        let mut q = self.shared.queue();
-        q.present = false;
-        q.away_since = Some(std::time::Instant::now());
+        self.shared.queue().leave();
         r
     }
 
@@ -559,6 +570,9 @@ impl Receiver {
             copy_warned: false,
             gave_up_waiting: false,
             writable_refusal_warned: false,
+            ahead: None,
+            spares: Vec::new(),
+            last_slot: None,
         };
         let watch = TimerFd::new(
             ClockId::CLOCK_MONOTONIC,
@@ -636,7 +650,32 @@ struct Worker {
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,
     writable_refusal_warned: bool,
+    /// The next frame's buffer, made before waiting for that frame (off its way): empty, with
+    /// the metas every frame of this stream gets, which build() fills in.
+    ahead: Option<(Arc<Stream>, gst::Buffer)>,
+    /// Memories made ahead over the slots raw-video frames came in lately (a frame comes
+    /// in one of them again), at most [`MAX_SPARES`]: wrapping a slot after a wake-up costs
+    /// several µs more than filling in a memory made before.
+    spares: Vec<SpareMemory>,
+    /// Where the last zero-copy raw-video frame was (address, size): a spare is made for it.
+    last_slot: Option<(usize, usize)>,
 }
+
+/// Spare memories kept at most (more than any ring has slots in practice).
+const MAX_SPARES: usize = 64;
+
+/// A GstMemory over `size` bytes at `ptr`, with no lease yet: build() puts the lease of the
+/// frame that comes there in.
+struct SpareMemory {
+    ptr: usize,
+    size: usize,
+    mem: gst::Memory,
+    notify: *mut NotifyOnRelease,
+}
+
+// SAFETY: `notify` points into the Box that `mem` owns (freed only with `mem`); only the
+// holder of this SpareMemory, which holds `mem`'s only reference, writes through it.
+unsafe impl Send for SpareMemory {}
 
 impl Worker {
     /// One read from the ring (connecting or reconnecting first when needed). Blocks until
@@ -652,6 +691,8 @@ impl Worker {
                 Err(step) => return step,
             },
         };
+        self.make_ahead();
+        self.make_spare();
         let step = match conn.next_frame(None) {
             Ok(Some(frame)) => {
                 self.shared
@@ -909,6 +950,73 @@ impl Worker {
 
     /// Wraps a frame in a buffer: zero-copy while we are within our budget, otherwise a copy
     /// in system memory whose slot goes back at once.
+    /// Makes the next frame's buffer and metas now, while no frame waits: after a wake-up
+    /// they cost several times more (cold caches), on the way of the frame.
+    fn make_ahead(&mut self) {
+        let Some((_, stream)) = &self.info else {
+            return;
+        };
+        if self
+            .ahead
+            .as_ref()
+            .is_some_and(|(s, _)| Arc::ptr_eq(s, stream))
+        {
+            return;
+        }
+        let mut buffer = gst::Buffer::new();
+        let Some(b) = buffer.get_mut() else {
+            return;
+        };
+        if let Some(info) = &stream.video {
+            let n = info.n_planes() as usize;
+            if gst_video::VideoMeta::add_full(
+                b,
+                gst_video::VideoFrameFlags::empty(),
+                info.format(),
+                info.width(),
+                info.height(),
+                &info.offset()[..n],
+                &info.stride()[..n],
+            )
+            .is_err()
+            {
+                return;
+            }
+        }
+        gst::ReferenceTimestampMeta::add(b, &publish_caps(), gst::ClockTime::ZERO, None);
+        self.ahead = Some((stream.clone(), buffer));
+    }
+
+    /// Makes a memory ahead over the slot of the last zero-copy frame, for the next frame
+    /// that comes in it.
+    fn make_spare(&mut self) {
+        let Some((ptr, size)) = self.last_slot.take() else {
+            return;
+        };
+        if self.spares.iter().any(|s| s.ptr == ptr && s.size == size) {
+            return;
+        }
+        if self.spares.len() >= MAX_SPARES {
+            self.spares.remove(0);
+        }
+        let (mem, notify) = wrap_slot_memory_keeping(
+            ptr as *mut u8,
+            size,
+            size,
+            true,
+            Box::new(NotifyOnRelease {
+                lease: None,
+                shared: Arc::downgrade(&self.shared),
+            }),
+        );
+        self.spares.push(SpareMemory {
+            ptr,
+            size,
+            mem,
+            notify,
+        });
+    }
+
     fn build(
         &mut self,
         conn: &Subscriber,
@@ -1037,18 +1145,48 @@ impl Worker {
                     );
                 }
             }
-            Some(wrap_slot_memory(
-                frame.ptr as *mut u8,
-                size,
-                size,
-                true,
-                Box::new(NotifyOnRelease {
-                    lease: Some(frame.lease),
-                    shared: Arc::downgrade(&self.shared),
-                }),
-            ))
+            let ptr = frame.ptr as usize;
+            let spare = stream
+                .video
+                .is_some()
+                .then(|| {
+                    self.spares
+                        .iter()
+                        .position(|s| s.ptr == ptr && s.size == size)
+                })
+                .flatten()
+                .map(|i| self.spares.swap_remove(i));
+            if stream.video.is_some() {
+                self.last_slot = Some((ptr, size));
+            }
+            Some(match spare {
+                Some(s) => {
+                    // SAFETY: `s.mem` is ours alone (made ahead, never handed out), so the
+                    // NotifyOnRelease it owns is alive and nobody else reads it.
+                    unsafe { (*s.notify).lease = Some(frame.lease) };
+                    s.mem
+                }
+                None => wrap_slot_memory(
+                    frame.ptr as *mut u8,
+                    size,
+                    size,
+                    true,
+                    Box::new(NotifyOnRelease {
+                        lease: Some(frame.lease),
+                        shared: Arc::downgrade(&self.shared),
+                    }),
+                ),
+            })
         };
-        let mut buffer = gst::Buffer::new();
+        // The buffer made ahead, unless the stream changed or the frame has no publish time.
+        let publish_ts = clock_time(m.publish_ns);
+        let ahead = self
+            .ahead
+            .take()
+            .filter(|(s, _)| Arc::ptr_eq(s, &stream) && publish_ts.is_some())
+            .map(|(_, b)| b);
+        let made_ahead = ahead.is_some();
+        let mut buffer = ahead.unwrap_or_default();
         {
             let b = buffer.get_mut().ok_or_else(|| {
                 gst::error_msg!(gst::CoreError::Failed, ("A new buffer is not writable"))
@@ -1078,24 +1216,36 @@ impl Worker {
                 let n = (m.n_planes as usize).min(MAX_PLANES);
                 let offsets = m.plane_offset.map(|o| o as usize);
                 let strides = m.plane_stride.map(|s| s as i32);
-                gst_video::VideoMeta::add_full(
-                    b,
-                    frame_flags(m.buffer_flags),
-                    info.format(),
-                    info.width(),
-                    info.height(),
-                    &offsets[..n],
-                    &strides[..n],
-                )
-                .map_err(|_| {
-                    gst::error_msg!(
-                        gst::StreamError::Decode,
-                        ("The producer's plane layout does not fit the frame")
+                let flags = frame_flags(m.buffer_flags);
+                if !(made_ahead && fill_video_meta(b, flags, &offsets[..n], &strides[..n])) {
+                    gst_video::VideoMeta::add_full(
+                        b,
+                        flags,
+                        info.format(),
+                        info.width(),
+                        info.height(),
+                        &offsets[..n],
+                        &strides[..n],
                     )
-                })?;
+                    .map_err(|_| {
+                        gst::error_msg!(
+                            gst::StreamError::Decode,
+                            ("The producer's plane layout does not fit the frame")
+                        )
+                    })?;
+                }
             }
-            if let Some(ts) = clock_time(m.publish_ns) {
-                gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
+            if let Some(ts) = publish_ts {
+                let filled = made_ahead
+                    && b.meta_mut::<gst::ReferenceTimestampMeta>()
+                        .map(|mut r| {
+                            // SAFETY: a field of a meta of a buffer we hold writable.
+                            unsafe { (*r.as_mut_ptr()).timestamp = ts.into_glib() };
+                        })
+                        .is_some();
+                if !filled {
+                    gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
+                }
             }
             if let Some(tc) = m.timecode {
                 let fps =
@@ -1154,6 +1304,28 @@ impl Worker {
             ]
         );
     }
+}
+
+/// Sets the flags and plane layout of the VideoMeta made ahead on `b` (its format and size
+/// are the stream's, as check_layout() checked the frame's). False if it has none.
+fn fill_video_meta(
+    b: &mut gst::BufferRef,
+    flags: gst_video::VideoFrameFlags,
+    offsets: &[usize],
+    strides: &[i32],
+) -> bool {
+    let Some(mut vm) = b.meta_mut::<gst_video::VideoMeta>() else {
+        return false;
+    };
+    let n = offsets.len().min(strides.len()).min(MAX_PLANES);
+    // SAFETY: the meta of a buffer we hold writable, borrowed while `vm` is; n is at most
+    // MAX_PLANES (GST_VIDEO_MAX_PLANES), the arrays' length.
+    let p = unsafe { &mut *vm.as_mut_ptr() };
+    p.flags = flags.into_glib();
+    p.n_planes = n as u32;
+    p.offset[..n].copy_from_slice(&offsets[..n]);
+    p.stride[..n].copy_from_slice(&strides[..n]);
+    true
 }
 
 fn clock_time(v: u64) -> Option<gst::ClockTime> {
@@ -1303,4 +1475,55 @@ pub(super) fn check_layout(frame: &Frame, info: &gst_video::VideoInfo) -> Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The VideoMeta made ahead takes each frame's flags and plane layout.
+    #[test]
+    fn a_video_meta_made_ahead_takes_the_frames_layout() {
+        gst::init().unwrap();
+        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, 64, 48)
+            .build()
+            .unwrap();
+        let mut buffer = gst::Buffer::new();
+        let b = buffer.get_mut().unwrap();
+        assert!(!fill_video_meta(
+            b,
+            gst_video::VideoFrameFlags::empty(),
+            &[0, 4096],
+            &[64, 64]
+        ));
+        gst_video::VideoMeta::add_full(
+            b,
+            gst_video::VideoFrameFlags::empty(),
+            info.format(),
+            info.width(),
+            info.height(),
+            info.offset(),
+            info.stride(),
+        )
+        .unwrap();
+        for (flags, offsets, strides) in [
+            (
+                gst_video::VideoFrameFlags::INTERLACED,
+                [128, 8192],
+                [128, 96],
+            ),
+            (gst_video::VideoFrameFlags::empty(), [0, 3072], [64, 64]),
+        ] {
+            assert!(fill_video_meta(b, flags, &offsets, &strides));
+            let vm = b.meta::<gst_video::VideoMeta>().unwrap();
+            assert_eq!(vm.video_frame_flags(), flags);
+            assert_eq!(vm.n_planes(), 2);
+            assert_eq!(vm.offset(), &offsets[..]);
+            assert_eq!(vm.stride(), &strides[..]);
+            assert_eq!(
+                (vm.format(), vm.width(), vm.height()),
+                (info.format(), 64, 48)
+            );
+        }
+    }
 }
