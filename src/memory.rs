@@ -14,14 +14,27 @@ pub fn wrap_slot_memory<K: Send + 'static>(
     readonly: bool,
     keep: Box<K>,
 ) -> gst::Memory {
-    wrap_slot_memory_keeping(ptr, maxsize, len, readonly, keep).0
+    wrap(ptr, maxsize, len, readonly, keep).0
 }
 
-/// [`wrap_slot_memory`], also returning where `keep` now lives. It stays there until the
-/// memory is freed; whoever holds the memory's only reference may change it through that
-/// pointer (before handing the memory on): the consumer makes memories ahead of their frames
-/// and puts the frame's lease in when the frame comes.
-pub fn wrap_slot_memory_keeping<K: Send + 'static>(
+/// [`wrap_slot_memory`], also returning where `keep` now lives: the consumer makes memories
+/// ahead of their frames and puts the frame's lease in when the frame comes.
+///
+/// # Safety
+/// `keep` stays at the returned pointer until the memory is freed. Write through it only while
+/// holding the memory's only reference (before the memory is handed on or mapped), and make
+/// `keep` keep `ptr` mapped before the memory is handed on or mapped.
+pub unsafe fn wrap_slot_memory_keeping<K: Send + 'static>(
+    ptr: *mut u8,
+    maxsize: usize,
+    len: usize,
+    readonly: bool,
+    keep: Box<K>,
+) -> (gst::Memory, *mut K) {
+    wrap(ptr, maxsize, len, readonly, keep)
+}
+
+fn wrap<K: Send + 'static>(
     ptr: *mut u8,
     maxsize: usize,
     len: usize,
@@ -38,8 +51,9 @@ pub fn wrap_slot_memory_keeping<K: Send + 'static>(
     } else {
         0
     };
-    // SAFETY: `ptr..ptr+maxsize` stays mapped while `keep` lives, which GStreamer guarantees
-    // until `destroy` runs.
+    // SAFETY: `ptr..ptr+maxsize` stays mapped while `keep` lives (a memory made ahead: from
+    // when its `keep` is filled in, before anyone maps it), which GStreamer guarantees until
+    // `destroy` runs.
     let mem = unsafe {
         from_glib_full(gst::ffi::gst_memory_new_wrapped(
             flags,

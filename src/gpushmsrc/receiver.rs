@@ -664,8 +664,10 @@ struct Worker {
 /// Spare memories kept at most (more than any ring has slots in practice).
 const MAX_SPARES: usize = 64;
 
-/// A GstMemory over `size` bytes at `ptr`, with no lease yet: build() puts the lease of the
-/// frame that comes there in.
+/// A GstMemory over `size` bytes at `ptr`, with no lease yet: [`SpareMemory::fill`] puts in
+/// the lease of the frame that comes there, before the memory goes anywhere (until then nothing
+/// maps it, and nothing keeps that address mapped). A raw pointer rather than a shared cell:
+/// the fill is on the frame's way, and a plain store costs least there.
 struct SpareMemory {
     ptr: usize,
     size: usize,
@@ -676,6 +678,17 @@ struct SpareMemory {
 // SAFETY: `notify` points into the Box that `mem` owns (freed only with `mem`); only the
 // holder of this SpareMemory, which holds `mem`'s only reference, writes through it.
 unsafe impl Send for SpareMemory {}
+
+impl SpareMemory {
+    /// Puts `lease` in and hands the memory out (once: it consumes the spare).
+    fn fill(self, lease: crate::ring::client::SlotLease) -> gst::Memory {
+        // SAFETY: `self.mem` holds its only reference (made ahead, never handed out), so the
+        // NotifyOnRelease it owns is alive and nothing else reads or writes it; the lease
+        // keeps `ptr` mapped from here on.
+        unsafe { (*self.notify).lease = Some(lease) };
+        self.mem
+    }
+}
 
 impl Worker {
     /// One read from the ring (connecting or reconnecting first when needed). Blocks until
@@ -760,6 +773,9 @@ impl Worker {
     /// keep their mapping alive.
     fn lost(&mut self, conn: Subscriber, why: &str) {
         self.shared.connected.store(false, Ordering::Release);
+        // Memories made ahead over the old rings' slots.
+        self.spares.clear();
+        self.last_slot = None;
         self.dropped_base += conn.dropped();
         drop(conn);
         if let Some(el) = self.element.upgrade() {
@@ -948,8 +964,6 @@ impl Worker {
         Ok(stream)
     }
 
-    /// Wraps a frame in a buffer: zero-copy while we are within our budget, otherwise a copy
-    /// in system memory whose slot goes back at once.
     /// Makes the next frame's buffer and metas now, while no frame waits: after a wake-up
     /// they cost several times more (cold caches), on the way of the frame.
     fn make_ahead(&mut self) {
@@ -999,16 +1013,20 @@ impl Worker {
         if self.spares.len() >= MAX_SPARES {
             self.spares.remove(0);
         }
-        let (mem, notify) = wrap_slot_memory_keeping(
-            ptr as *mut u8,
-            size,
-            size,
-            true,
-            Box::new(NotifyOnRelease {
-                lease: None,
-                shared: Arc::downgrade(&self.shared),
-            }),
-        );
+        // SAFETY: `notify` is written only by SpareMemory::fill, while the spare holds the
+        // memory's only reference.
+        let (mem, notify) = unsafe {
+            wrap_slot_memory_keeping(
+                ptr as *mut u8,
+                size,
+                size,
+                true,
+                Box::new(NotifyOnRelease {
+                    lease: None,
+                    shared: Arc::downgrade(&self.shared),
+                }),
+            )
+        };
         self.spares.push(SpareMemory {
             ptr,
             size,
@@ -1017,6 +1035,8 @@ impl Worker {
         });
     }
 
+    /// Wraps a frame in a buffer: zero-copy while we are within our budget, otherwise a copy
+    /// in system memory whose slot goes back at once.
     fn build(
         &mut self,
         conn: &Subscriber,
@@ -1160,12 +1180,7 @@ impl Worker {
                 self.last_slot = Some((ptr, size));
             }
             Some(match spare {
-                Some(s) => {
-                    // SAFETY: `s.mem` is ours alone (made ahead, never handed out), so the
-                    // NotifyOnRelease it owns is alive and nobody else reads it.
-                    unsafe { (*s.notify).lease = Some(frame.lease) };
-                    s.mem
-                }
+                Some(s) => s.fill(frame.lease),
                 None => wrap_slot_memory(
                     frame.ptr as *mut u8,
                     size,
