@@ -10,6 +10,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -165,7 +166,10 @@ fn src_connect_errors_that_cannot_fix_themselves_fail_at_once() {
 
 /// Frames a consumer keeps stay intact while the ring goes round many times: the slot of a
 /// frame downstream holds is not given back before downstream drops it. This holds for frames
-/// in memories the consumer made ahead (for slots frames came in before) as for fresh ones.
+/// in memories the consumer made ahead (for slots frames came in before, and in the buffer
+/// made ahead for the slot it expects next) as for fresh ones. Every frame has its own bytes,
+/// also when the ring's order changes (kept frames take slots out of the round) and the
+/// expected slot is not the one the frame came in.
 #[test]
 fn held_frames_stay_intact_while_the_ring_goes_round() {
     init();
@@ -187,12 +191,26 @@ fn held_frames_stay_intact_while_the_ring_goes_round() {
         assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
         let b = src.pull().expect("a buffer");
         assert_eq!(b.offset(), n);
+        let expect = gray_frame(n, 64, 48);
+        assert!(
+            b.map_readable().unwrap().as_slice() == expect.map_readable().unwrap().as_slice(),
+            "frame {n} arrived with other bytes"
+        );
         n += 1;
         b
     };
     // Twice round the ring: every slot has had a frame.
     for _ in 0..16 {
         drop(next(&mut sink, &mut src));
+    }
+    // One frame kept for a while, then another: the slots go round in another order, and
+    // frames come in other slots than the one the consumer expects.
+    for _ in 0..2 {
+        let one = next(&mut sink, &mut src);
+        for _ in 0..6 {
+            drop(next(&mut sink, &mut src));
+        }
+        drop(one);
     }
     // Two frames kept (zero-copy: within the client budget) while the ring goes round
     // four more times (the frames beyond the budget arrive as copies).
@@ -213,6 +231,70 @@ fn held_frames_stay_intact_while_the_ring_goes_round() {
         copied, 32,
         "only the frames that came while two were kept are copies: the kept ones are in the ring"
     );
+}
+
+/// A buffer of gpushmsink's pool pushed again while a consumer still holds the frame it
+/// carried the first time (a tee, a repeated frame): the second push goes out as a copy in
+/// another slot, and the held frame keeps its bytes.
+#[test]
+fn a_pool_buffer_pushed_again_while_held_goes_out_as_a_copy() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("again.sock");
+    let caps_str = "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1";
+    let mut sink = sink_harness(&sock, caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The pool gpushmsink offers upstream, as videotestsrc would get it.
+    let caps = gst::Caps::from_str(caps_str).unwrap();
+    let mut q = gst::query::Allocation::new(Some(&caps), true);
+    let pad = sink.element().unwrap().static_pad("sink").unwrap();
+    assert!(pad.query(&mut q), "gpushmsink answers the ALLOCATION query");
+    let (pool, size, min, max) = q
+        .allocation_pools()
+        .into_iter()
+        .find_map(|(p, size, min, max)| p.map(|p| (p, size, min, max)))
+        .expect("gpushmsink offers a pool");
+    let mut config = pool.config();
+    config.set_params(Some(&caps), size, min, max);
+    pool.set_config(config).unwrap();
+    pool.set_active(true).unwrap();
+    let mut buf = pool.acquire_buffer(None).unwrap();
+    {
+        let b = buf.get_mut().unwrap();
+        let want = gray_frame(0, 64, 48);
+        b.copy_from_slice(0, want.map_readable().unwrap().as_slice())
+            .unwrap();
+        b.set_pts(gst::ClockTime::ZERO);
+        b.set_offset(0);
+    }
+    assert_eq!(sink.push(buf.clone()), Ok(gst::FlowSuccess::Ok));
+    let held = src.pull().expect("the frame in the pool's buffer");
+    assert_eq!(held.offset(), 0);
+    // Pushed again as the next frame (videorate repeating a frame does this).
+    buf.make_mut().set_offset(1);
+    assert_eq!(sink.push(buf.clone()), Ok(gst::FlowSuccess::Ok));
+    let second = src.pull().expect("the second frame");
+    assert_eq!(second.offset(), 1);
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(
+        stats.get::<u64>("frames-copied").unwrap(),
+        1,
+        "the second push was copied: its slot was held"
+    );
+    let want = gray_frame(0, 64, 48);
+    for b in [&held, &second] {
+        assert!(
+            b.map_readable().unwrap().as_slice() == want.map_readable().unwrap().as_slice(),
+            "frame {} has the bytes it was pushed with",
+            b.offset()
+        );
+    }
+    drop((held, second, buf));
 }
 
 #[test]
@@ -401,6 +483,30 @@ fn videotestsrc_renders_straight_into_the_ring() {
 
 #[test]
 fn live_timestamps_map_to_the_consumer_running_time() {
+    live_timestamps_map_with(None);
+}
+
+/// The consumer's pipeline runs on another clock than the producer's CLOCK_MONOTONIC (here
+/// the wall clock): frames are still placed at their publish moment on that clock.
+#[test]
+fn live_timestamps_map_onto_a_consumer_clock_other_than_monotonic() {
+    init();
+    let clock = gst::SystemClock::obtain();
+    // A clock of its own: the system clock is shared by the process.
+    let wall: gst::Clock = gst::glib::Object::builder::<gst::SystemClock>()
+        .property("clock-type", gst::ClockType::Realtime)
+        .build()
+        .upcast();
+    assert!(
+        wall.time().nseconds().abs_diff(clock.time().nseconds()) > 60_000_000_000,
+        "the wall clock is far from CLOCK_MONOTONIC here"
+    );
+    live_timestamps_map_with(Some(wall));
+}
+
+/// A live producer's frames get PTS on the consumer's running time (consumer on `clock`, or
+/// its default one), advancing with the frames.
+fn live_timestamps_map_with(clock: Option<gst::Clock>) {
     init();
     let dir = tmpdir();
     let sock = dir.path().join("live.sock");
@@ -420,13 +526,17 @@ fn live_timestamps_map_to_the_consumer_running_time() {
     .unwrap()
     .downcast::<gst::Pipeline>()
     .unwrap();
+    if let Some(c) = &clock {
+        consumer.use_clock(Some(c));
+    }
     consumer.set_state(gst::State::Playing).unwrap();
     let appsink = consumer
         .by_name("out")
         .unwrap()
         .downcast::<gst_app::AppSink>()
         .unwrap();
-    for _ in 0..20 {
+    let mut first = None;
+    for i in 0..30 {
         let s = appsink.pull_sample().unwrap();
         let pts = s.buffer().unwrap().pts().unwrap();
         let now = consumer.clock().unwrap().time() - consumer.base_time().unwrap();
@@ -438,6 +548,17 @@ fn live_timestamps_map_to_the_consumer_running_time() {
             (-1_000_000..500_000_000).contains(&lag),
             "running-time lag {lag} ns"
         );
+        // The first frames may be placed at the pipeline's start (published before it).
+        if i == 5 {
+            first = Some(pts);
+        }
+        if let (29, Some(first)) = (i, first) {
+            // 24 frames at 50 fps later (frames may be dropped on a loaded machine: more).
+            assert!(
+                pts - first >= gst::ClockTime::from_mseconds(24 * 20 - 10),
+                "PTS advance with the frames: {pts} after {first}"
+            );
+        }
     }
     consumer.set_state(gst::State::Null).unwrap();
     producer.set_state(gst::State::Null).unwrap();

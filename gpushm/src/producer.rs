@@ -236,6 +236,8 @@ pub struct ClientChannel {
     taken: u64,
     pending: VecDeque<Entry>,
     held: Vec<Entry>,
+    /// The budget last stored in the header.
+    budget: Option<u32>,
 }
 
 impl ClientChannel {
@@ -262,6 +264,7 @@ impl ClientChannel {
             taken: 0,
             pending: VecDeque::new(),
             held: Vec::new(),
+            budget: None,
         };
         let h = ch.header();
         h.magic.store(CLIENT_MAGIC, Ordering::Relaxed);
@@ -347,8 +350,12 @@ impl ClientChannel {
     }
 
     /// Tells the client how many frames it may reference at once.
-    pub fn set_budget(&self, budget: u32) {
-        self.header().budget.store(budget, Ordering::Relaxed);
+    pub fn set_budget(&mut self, budget: u32) {
+        // Stored only when it changes: the header's line is the client's to read each frame.
+        if self.budget != Some(budget) {
+            self.budget = Some(budget);
+            self.header().budget.store(budget, Ordering::Relaxed);
+        }
     }
 
     /// Frames the client says it copied out of the ring (its own count, only reported).

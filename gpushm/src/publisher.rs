@@ -32,6 +32,18 @@ pub const LEAKY_BACKLOG: usize = 2;
 /// A connection must complete its handshake within this time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What [`Publisher::publish_frame`] did with a frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Published {
+    /// It went to every client the policy gives it to.
+    Sent,
+    /// Unlocked or shut down: nothing was published.
+    Stopped,
+    /// The slot cannot be published (not in the current ring, or consumers still hold it),
+    /// and why: publish a copy in another slot.
+    SlotBusy(String),
+}
+
 /// How publish() treats clients that fall behind.
 #[derive(Debug, Clone, Copy)]
 pub struct Policy {
@@ -588,20 +600,44 @@ impl<P: Send + 'static> Publisher<P> {
         lock(&self.inner).eos = false;
     }
 
-    /// Publishes the frame in `slot` of ring `ring_gen` to every client.
     /// Publishes the frame in `slot` of ring `ring_gen` to every client, following `policy`:
     /// a lossless client at its slot budget is waited for (up to `policy.max_wait`, then this
     /// frame skips it); a leaky one loses its oldest untaken frames, or this frame.
-    /// Returns false if unlocked while waiting.
+    /// Returns false if unlocked while waiting; an error if the slot is not one of the current
+    /// ring or consumers still hold it.
     pub fn publish(
+        &self,
+        ring_gen: u32,
+        slot: u32,
+        meta: FrameMeta,
+        policy: Policy,
+    ) -> Result<bool> {
+        match self.publish_frame(ring_gen, slot, meta, policy, false)? {
+            Published::Sent => Ok(true),
+            Published::Stopped => Ok(false),
+            Published::SlotBusy(why) => Err(Error::Invalid(why)),
+        }
+    }
+
+    /// [`Self::publish`] for a producer that can fall back to another slot, in one lock:
+    /// with `wait_for_client` it first waits until a client is connected, and a slot that
+    /// cannot be published (not in the current ring, or still held by consumers) is
+    /// [`Published::SlotBusy`] rather than an error.
+    pub fn publish_frame(
         &self,
         ring_gen: u32,
         slot: u32,
         mut meta: FrameMeta,
         policy: Policy,
-    ) -> Result<bool> {
+        wait_for_client: bool,
+    ) -> Result<Published> {
         let mut guard = lock(&self.inner);
-        for c in &guard.clients {
+        if wait_for_client {
+            while guard.clients.is_empty() && !guard.unlocked && !guard.shutdown {
+                guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        for c in guard.clients.iter_mut() {
             c.ch.set_budget(policy.budget as u32);
         }
         // What clients released since the last frame (they wake nobody for it). Taken after
@@ -675,22 +711,28 @@ impl<P: Send + 'static> Publisher<P> {
             Self::add_release_waiter(&mut guard, false);
         }
         let inner = &mut *guard;
-        let ri = inner
-            .rings
-            .iter()
-            .position(|r| r.ring.ring_gen() == ring_gen);
+        // Only the current ring: consumers read a frame with the newest caps.
+        let ri = (inner.rings.len().checked_sub(1))
+            .filter(|&ri| inner.rings[ri].ring.ring_gen() == ring_gen);
         let refused = match ri {
-            _ if stopped => Some(Ok(false)),
-            None => Some(Err(Error::Invalid(format!("ring {ring_gen} is gone")))),
-            Some(ri) if inner.rings[ri].slots[slot as usize].client_refs != 0 => Some(Err(
-                Error::Invalid(format!("slot {slot} is still held by consumers")),
-            )),
-            Some(_) => None,
+            _ if stopped => Some(Published::Stopped),
+            None => Some(Published::SlotBusy(format!(
+                "ring {ring_gen} is not the current ring"
+            ))),
+            Some(ri) => match inner.rings[ri].slots.get(slot as usize) {
+                None => Some(Published::SlotBusy(format!(
+                    "slot {slot} is not in ring {ring_gen}"
+                ))),
+                Some(s) if s.client_refs != 0 => Some(Published::SlotBusy(format!(
+                    "slot {slot} is still held by consumers"
+                ))),
+                Some(_) => None,
+            },
         };
         if let Some(r) = refused {
             drop(guard);
             self.give_back(back);
-            return r;
+            return Ok(r);
         }
         let ri = ri.unwrap_or_default();
         let seq = inner.next_seq;
@@ -792,7 +834,7 @@ impl<P: Send + 'static> Publisher<P> {
         drop(guard);
         self.give_back(back);
         self.emit(events);
-        Ok(true)
+        Ok(Published::Sent)
     }
 
     /// Takes back what clients released, in every client's release queue: slots whose last

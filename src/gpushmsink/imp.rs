@@ -44,7 +44,7 @@ use crate::cuda::Selected;
 use crate::cudameta::CudaRegister;
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::{FrameMeta, TimeCode};
-use crate::ring::publisher::{Config, Event, Policy};
+use crate::ring::publisher::{Config, Event, Policy, Published};
 
 static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     gst::DebugCategory::new(
@@ -152,8 +152,7 @@ impl GpuShmSink {
     }
 
     /// The publishing policy for a frame of `frame_duration` in a stream that is `live` or not.
-    fn policy(&self, live: bool, frame_duration: Option<gst::ClockTime>) -> Policy {
-        let s = self.settings();
+    fn policy(s: &Settings, live: bool, frame_duration: Option<gst::ClockTime>) -> Policy {
         let max_wait = match s.max_wait {
             // A live source drops frames for everyone while the producer waits: wait about
             // one frame for a stuck lossless consumer, not more.
@@ -425,6 +424,7 @@ impl GpuShmSink {
         // Read once per frame: each read takes the object lock.
         let obj = self.obj();
         let base = obj.base_time();
+        let (vm, tc) = metas(buffer);
         // SAFETY: only render() calls this, with the sink pad's stream lock held, and basesink
         // changes its segment only under that lock. Read in place: `segment()` copies it, an
         // allocation and a free per frame on the way of every frame.
@@ -456,7 +456,7 @@ impl GpuShmSink {
             // SAFETY: reading a field of a valid buffer we hold a reference to.
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
             latency: obj.latency().nseconds(),
-            timecode: timecode(buffer),
+            timecode: tc,
             ..Default::default()
         };
         // Other caps: opaque bytes, no planes.
@@ -467,8 +467,7 @@ impl GpuShmSink {
         m.width = info.width();
         m.height = info.height();
         // No allocation per frame: the planes are copied from whichever layout applies.
-        let vm = buffer.meta::<gst_video::VideoMeta>();
-        let (offsets, strides) = match &vm {
+        let (offsets, strides) = match vm {
             Some(vm) => (vm.offset(), vm.stride()),
             None => (info.offset(), info.stride()),
         };
@@ -515,22 +514,51 @@ fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, Stri
     }
 }
 
+/// The metas gpushmsink carries: the VideoMeta and the timecode, in one pass over the
+/// buffer's metas, against API types looked up once (a lookup per frame costs ~1 µs cold).
+fn metas(buffer: &gst::BufferRef) -> (Option<&gst_video::VideoMeta>, Option<TimeCode>) {
+    static APIS: Lazy<(glib::Type, glib::Type)> = Lazy::new(|| {
+        (
+            gst_video::VideoMeta::meta_api(),
+            gst_video::VideoTimeCodeMeta::meta_api(),
+        )
+    });
+    let (video_api, tc_api) = *APIS;
+    let (mut vm, mut tc) = (None, None);
+    for m in buffer.iter_meta::<gst::Meta>() {
+        let api = m.api();
+        if api == video_api && vm.is_none() {
+            // SAFETY: a meta of this API is a GstVideoMeta, which VideoMeta wraps
+            // transparently; it lives as long as the buffer borrow.
+            vm = Some(unsafe { &*(m.as_ptr() as *const gst_video::VideoMeta) });
+        } else if api == tc_api && tc.is_none() {
+            // SAFETY: as above, for GstVideoTimeCodeMeta.
+            tc = Some(timecode_of(unsafe {
+                &*(m.as_ptr() as *const gst_video::VideoTimeCodeMeta)
+            }));
+        }
+    }
+    (vm, tc)
+}
+
 /// The frame's GstVideoTimeCodeMeta, if it has one.
 fn timecode(buffer: &gst::BufferRef) -> Option<TimeCode> {
-    buffer.meta::<gst_video::VideoTimeCodeMeta>().map(|m| {
-        let tc = m.tc();
-        let fps = tc.fps();
-        TimeCode {
-            fps_n: fps.numer().max(0) as u32,
-            fps_d: fps.denom().max(0) as u32,
-            flags: tc.flags().bits(),
-            hours: tc.hours(),
-            minutes: tc.minutes(),
-            seconds: tc.seconds(),
-            frames: tc.frames(),
-            field_count: tc.field_count(),
-        }
-    })
+    metas(buffer).1
+}
+
+fn timecode_of(m: &gst_video::VideoTimeCodeMeta) -> TimeCode {
+    let tc = m.tc();
+    let fps = tc.fps();
+    TimeCode {
+        fps_n: fps.numer().max(0) as u32,
+        fps_d: fps.denom().max(0) as u32,
+        flags: tc.flags().bits(),
+        hours: tc.hours(),
+        minutes: tc.minutes(),
+        seconds: tc.seconds(),
+        frames: tc.frames(),
+        field_count: tc.field_count(),
+    }
 }
 
 use gst::glib::translate::IntoGlib;
@@ -918,7 +946,6 @@ impl BaseSinkImpl for GpuShmSink {
     }
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let wait = self.settings().wait_for_connection;
         let (server, info, caps, pool, live) = match &*self.state() {
             State::Started {
                 server,
@@ -960,49 +987,6 @@ impl BaseSinkImpl for GpuShmSink {
             })?;
             return self.render(buffer);
         }
-        if wait && !server.wait_for_client() {
-            return Err(gst::FlowError::Flushing);
-        }
-        let gen = ring.ring_gen();
-        let own = pool
-            .slot_of(buffer)
-            .filter(|&slot| server.slot_is_free(gen, slot));
-        let (slot, frame) = match own {
-            Some(slot) => (slot, buffer.clone()),
-            None => {
-                let out = self.copy_into_slot(&pool, info.as_deref(), &caps, buffer)?;
-                server.count_copy();
-                let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
-                gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
-                // Keep timestamps and flags of the original.
-                let mut out = out;
-                {
-                    let o = out.make_mut();
-                    let _ = buffer.copy_into(
-                        o,
-                        gst::BufferCopyFlags::FLAGS | gst::BufferCopyFlags::TIMESTAMPS,
-                        ..,
-                    );
-                }
-                (slot, out)
-            }
-        };
-        let mut meta = self.frame_meta(&frame, info.as_deref());
-        if info.is_none() {
-            meta.payload_size = buffer.size() as u64;
-        }
-        if own.is_none() {
-            // Metas stay on the original.
-            meta.timecode = timecode(buffer);
-            // The copy has the pool's default layout.
-            if let Some(info) = &info {
-                meta.n_planes = info.n_planes();
-                for i in 0..info.n_planes() as usize {
-                    meta.plane_offset[i] = info.offset()[i] as u64;
-                    meta.plane_stride[i] = info.stride()[i].max(0) as u32;
-                }
-            }
-        }
         let live = live.unwrap_or_else(|| {
             let live = self
                 .obj()
@@ -1014,7 +998,7 @@ impl BaseSinkImpl for GpuShmSink {
             }
             live
         });
-        let duration = frame.duration().or_else(|| {
+        let duration = buffer.duration().or_else(|| {
             let fps = info.as_ref()?.fps();
             (fps.numer() > 0).then(|| {
                 gst::ClockTime::SECOND
@@ -1022,20 +1006,79 @@ impl BaseSinkImpl for GpuShmSink {
                     .unwrap_or(gst::ClockTime::ZERO)
             })
         });
-        meta.live = live;
-        let policy = self.policy(live, duration);
-        let published = server.publish(gen, slot, meta, policy).map_err(|e| {
-            gst::element_imp_error!(
-                self,
-                gst::ResourceError::Write,
-                ("Publishing a frame failed: {}", e)
-            );
-            gst::FlowError::Error
-        })?;
-        if !published {
-            return Err(gst::FlowError::Flushing);
+        let (wait, policy) = {
+            let s = self.settings();
+            (s.wait_for_connection, Self::policy(&s, live, duration))
+        };
+        let gen = ring.ring_gen();
+        let publish = |slot: u32, mut meta: FrameMeta| {
+            if info.is_none() {
+                meta.payload_size = buffer.size() as u64;
+            }
+            meta.live = live;
+            server
+                .publish_frame(gen, slot, meta, policy, wait)
+                .map_err(|e| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::ResourceError::Write,
+                        ("Publishing a frame failed: {}", e)
+                    );
+                    gst::FlowError::Error
+                })
+        };
+        // Upstream rendered into one of our slots: published as it is, unless consumers
+        // still hold that slot (upstream pushed the same buffer again) or it is of an
+        // earlier ring.
+        if let Some(slot) = pool.slot_of(buffer) {
+            let meta = self.frame_meta(buffer, info.as_deref());
+            match publish(slot, meta)? {
+                Published::Sent => {
+                    return Ok(gst::FlowSuccess::Ok);
+                }
+                Published::Stopped => return Err(gst::FlowError::Flushing),
+                Published::SlotBusy(why) => {
+                    gst::trace!(CAT, imp = self, "copying a frame of our pool: {why}");
+                }
+            }
         }
-        drop(frame);
+        let mut out = self.copy_into_slot(&pool, info.as_deref(), &caps, buffer)?;
+        server.count_copy();
+        let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
+        gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
+        // Keep timestamps and flags of the original.
+        {
+            let o = out.make_mut();
+            let _ = buffer.copy_into(
+                o,
+                gst::BufferCopyFlags::FLAGS | gst::BufferCopyFlags::TIMESTAMPS,
+                ..,
+            );
+        }
+        let mut meta = self.frame_meta(&out, info.as_deref());
+        // Metas stay on the original.
+        meta.timecode = timecode(buffer);
+        // The copy has the pool's default layout.
+        if let Some(info) = &info {
+            meta.n_planes = info.n_planes();
+            for i in 0..info.n_planes() as usize {
+                meta.plane_offset[i] = info.offset()[i] as u64;
+                meta.plane_stride[i] = info.stride()[i].max(0) as u32;
+            }
+        }
+        match publish(slot, meta)? {
+            Published::Sent => {}
+            Published::Stopped => return Err(gst::FlowError::Flushing),
+            Published::SlotBusy(why) => {
+                gst::element_imp_error!(
+                    self,
+                    gst::ResourceError::Write,
+                    ("Publishing a frame failed: {}", why)
+                );
+                return Err(gst::FlowError::Error);
+            }
+        }
+        drop(out);
         Ok(gst::FlowSuccess::Ok)
     }
 }

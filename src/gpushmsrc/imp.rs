@@ -230,7 +230,7 @@ impl GpuShmSrc {
             return;
         }
         let m = &f.meta;
-        let (Some(clock), Some(base)) = (&t.clock, t.base) else {
+        let (Some(_), Some(base)) = (&t.clock, t.base) else {
             b.set_pts(clock_time(m.pts));
             b.set_dts(clock_time(m.dts));
             return;
@@ -243,15 +243,13 @@ impl GpuShmSrc {
         }
         let base = base.nseconds() as i128;
         // The publish moment on our pipeline's clock (publish_ns is CLOCK_MONOTONIC; a bogus
-        // one falls back to our arrival stamp).
-        let now_ours = clock.time().nseconds() as i128;
-        let now_mono = crate::ring::monotonic_ns();
-        let published = if m.publish_ns <= now_mono {
+        // one, after the frame arrived, falls back to our arrival stamp).
+        let published = if m.publish_ns <= f.arrival_ns {
             m.publish_ns
         } else {
             f.arrival_ns
         };
-        let pub_ours = now_ours - now_mono.saturating_sub(published) as i128;
+        let pub_ours = published as i128 + t.offset;
         // Clamped: values read from shared memory can be anything, and ClockTime cannot hold
         // u64::MAX.
         let running =
@@ -335,10 +333,15 @@ impl GpuShmSrc {
     /// What timestamp() reads from the element, read at once.
     fn timing(&self) -> Timing {
         let obj = self.obj();
+        let clock = obj.clock();
+        let offset = clock.as_ref().map_or(0, |c| {
+            c.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128
+        });
         Timing {
             does_timestamp: obj.does_timestamp(),
-            clock: obj.clock(),
+            clock,
             base: obj.base_time(),
+            offset,
         }
     }
 
@@ -525,6 +528,10 @@ struct Timing {
     does_timestamp: bool,
     clock: Option<gst::Clock>,
     base: Option<gst::ClockTime>,
+    /// The clock's time less CLOCK_MONOTONIC, read with them: a frame's publish moment on
+    /// our clock is its publish_ns plus this. (A clock that drifts against CLOCK_MONOTONIC
+    /// drifts by parts per million over the at most TIMING_STALE_NS this is used for.)
+    offset: i128,
 }
 
 /// create() reads [`Timing`] again when a frame came more than this after it asked.
