@@ -575,6 +575,7 @@ impl Receiver {
             last_slot: None,
             next_slot: Vec::new(),
             prev_slot: None,
+            caps_seen: None,
         };
         let watch = TimerFd::new(
             ClockId::CLOCK_MONOTONIC,
@@ -667,6 +668,8 @@ struct Worker {
     next_slot: Vec<(usize, usize)>,
     /// The slot of the last zero-copy raw-video frame (its address).
     prev_slot: Option<usize>,
+    /// The producer's newest caps as last put in `Shared::caps`.
+    caps_seen: Option<Arc<str>>,
 }
 
 /// The buffer made ahead for the next frame of `stream`, with the memory of the slot that
@@ -675,7 +678,22 @@ struct Ahead {
     stream: Arc<Stream>,
     buffer: gst::Buffer,
     slot: Option<AheadSlot>,
+    metas: AheadMetas,
 }
+
+/// The metas of the buffer made ahead, filled in through these pointers when its frame comes
+/// (looking them up after the wake-up costs ~1 µs each on the frame's way, 2-core VM).
+#[derive(Clone, Copy)]
+struct AheadMetas {
+    /// Raw video: its VideoMeta.
+    video: Option<std::ptr::NonNull<gst_video::ffi::GstVideoMeta>>,
+    /// The publish-time ReferenceTimestampMeta.
+    publish: std::ptr::NonNull<gst::ffi::GstReferenceTimestampMeta>,
+}
+
+// SAFETY: the metas belong to the buffer made ahead, which only the Worker holding it (its
+// only reference) reads or writes.
+unsafe impl Send for AheadMetas {}
 
 /// A spare memory ([`SpareMemory`]) put in the buffer made ahead: that buffer holds its only
 /// reference, and the Worker the buffer's.
@@ -741,9 +759,14 @@ impl Worker {
                     .producer_dropped
                     .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
                 if let Some(c) = conn.caps() {
-                    let mut cur = self.shared.caps.lock().unwrap_or_else(|e| e.into_inner());
-                    if cur.as_ref().is_none_or(|cur| !Arc::ptr_eq(cur, &c)) {
-                        *cur = Some(c);
+                    // Our copy first: the shared one's lock only when the caps changed.
+                    if self
+                        .caps_seen
+                        .as_ref()
+                        .is_none_or(|cur| !Arc::ptr_eq(cur, &c))
+                    {
+                        self.caps_seen = Some(c.clone());
+                        *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
                     }
                 }
                 let arrival_ns = crate::ring::monotonic_ns();
@@ -1017,27 +1040,31 @@ impl Worker {
     fn new_ahead(stream: &Arc<Stream>) -> Option<Ahead> {
         let mut buffer = gst::Buffer::new();
         let b = buffer.get_mut()?;
-        if let Some(info) = &stream.video {
-            let n = info.n_planes() as usize;
-            if gst_video::VideoMeta::add_full(
-                b,
-                gst_video::VideoFrameFlags::empty(),
-                info.format(),
-                info.width(),
-                info.height(),
-                &info.offset()[..n],
-                &info.stride()[..n],
-            )
-            .is_err()
-            {
-                return None;
+        let video = match &stream.video {
+            Some(info) => {
+                let n = info.n_planes() as usize;
+                let mut vm = gst_video::VideoMeta::add_full(
+                    b,
+                    gst_video::VideoFrameFlags::empty(),
+                    info.format(),
+                    info.width(),
+                    info.height(),
+                    &info.offset()[..n],
+                    &info.stride()[..n],
+                )
+                .ok()?;
+                Some(std::ptr::NonNull::new(vm.as_mut_ptr())?)
             }
-        }
-        gst::ReferenceTimestampMeta::add(b, &publish_caps(), gst::ClockTime::ZERO, None);
+            None => None,
+        };
+        let mut publish =
+            gst::ReferenceTimestampMeta::add(b, &publish_caps(), gst::ClockTime::ZERO, None);
+        let publish = std::ptr::NonNull::new(publish.as_mut_ptr())?;
         Some(Ahead {
             stream: stream.clone(),
             buffer,
             slot: None,
+            metas: AheadMetas { video, publish },
         })
     }
 
@@ -1300,7 +1327,7 @@ impl Worker {
                 )),
             })
         };
-        let made_ahead = ahead.is_some();
+        let metas = ahead.as_ref().map(|a| a.metas);
         // A memory put in ahead for another slot goes (the frame came elsewhere).
         let unused = ahead.as_mut().is_some_and(|a| a.slot.take().is_some());
         let mut buffer = ahead.map(|a| a.buffer).unwrap_or_default();
@@ -1337,7 +1364,11 @@ impl Worker {
                 let offsets = m.plane_offset.map(|o| o as usize);
                 let strides = m.plane_stride.map(|s| s as i32);
                 let flags = frame_flags(m.buffer_flags);
-                if !(made_ahead && fill_video_meta(b, flags, &offsets[..n], &strides[..n])) {
+                if let Some(vm) = metas.and_then(|m| m.video) {
+                    // SAFETY: the VideoMeta of the buffer made ahead (`b`), which we hold
+                    // writable.
+                    unsafe { fill_video_meta(vm.as_ptr(), flags, &offsets[..n], &strides[..n]) };
+                } else {
                     gst_video::VideoMeta::add_full(
                         b,
                         flags,
@@ -1356,15 +1387,12 @@ impl Worker {
                 }
             }
             if let Some(ts) = publish_ts {
-                let filled = made_ahead
-                    && b.meta_mut::<gst::ReferenceTimestampMeta>()
-                        .map(|mut r| {
-                            // SAFETY: a field of a meta of a buffer we hold writable.
-                            unsafe { (*r.as_mut_ptr()).timestamp = ts.into_glib() };
-                        })
-                        .is_some();
-                if !filled {
-                    gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
+                match metas {
+                    // SAFETY: a meta of the buffer made ahead (`b`), which we hold writable.
+                    Some(m) => unsafe { (*m.publish.as_ptr()).timestamp = ts.into_glib() },
+                    None => {
+                        gst::ReferenceTimestampMeta::add(b, &publish_caps(), ts, None);
+                    }
                 }
             }
             if let Some(tc) = m.timecode {
@@ -1426,26 +1454,25 @@ impl Worker {
     }
 }
 
-/// Sets the flags and plane layout of the VideoMeta made ahead on `b` (its format and size
-/// are the stream's, as check_layout() checked the frame's). False if it has none.
-fn fill_video_meta(
-    b: &mut gst::BufferRef,
+/// Sets the flags and plane layout of a VideoMeta made ahead (its format and size are the
+/// stream's, as check_layout() checked the frame's).
+///
+/// # Safety
+/// `vm` is the VideoMeta of a buffer the caller holds writable, and nothing else reads or
+/// writes it meanwhile.
+unsafe fn fill_video_meta(
+    vm: *mut gst_video::ffi::GstVideoMeta,
     flags: gst_video::VideoFrameFlags,
     offsets: &[usize],
     strides: &[i32],
-) -> bool {
-    let Some(mut vm) = b.meta_mut::<gst_video::VideoMeta>() else {
-        return false;
-    };
+) {
     let n = offsets.len().min(strides.len()).min(MAX_PLANES);
-    // SAFETY: the meta of a buffer we hold writable, borrowed while `vm` is; n is at most
-    // MAX_PLANES (GST_VIDEO_MAX_PLANES), the arrays' length.
-    let p = unsafe { &mut *vm.as_mut_ptr() };
+    // SAFETY: see above; n is at most MAX_PLANES (GST_VIDEO_MAX_PLANES), the arrays' length.
+    let p = unsafe { &mut *vm };
     p.flags = flags.into_glib();
     p.n_planes = n as u32;
     p.offset[..n].copy_from_slice(&offsets[..n]);
     p.stride[..n].copy_from_slice(&strides[..n]);
-    true
 }
 
 fn clock_time(v: u64) -> Option<gst::ClockTime> {
@@ -1610,13 +1637,7 @@ mod tests {
             .unwrap();
         let mut buffer = gst::Buffer::new();
         let b = buffer.get_mut().unwrap();
-        assert!(!fill_video_meta(
-            b,
-            gst_video::VideoFrameFlags::empty(),
-            &[0, 4096],
-            &[64, 64]
-        ));
-        gst_video::VideoMeta::add_full(
+        let vm = gst_video::VideoMeta::add_full(
             b,
             gst_video::VideoFrameFlags::empty(),
             info.format(),
@@ -1625,7 +1646,8 @@ mod tests {
             info.offset(),
             info.stride(),
         )
-        .unwrap();
+        .unwrap()
+        .as_mut_ptr();
         for (flags, offsets, strides) in [
             (
                 gst_video::VideoFrameFlags::INTERLACED,
@@ -1634,7 +1656,8 @@ mod tests {
             ),
             (gst_video::VideoFrameFlags::empty(), [0, 3072], [64, 64]),
         ] {
-            assert!(fill_video_meta(b, flags, &offsets, &strides));
+            // SAFETY: the meta of a buffer we hold writable.
+            unsafe { fill_video_meta(vm, flags, &offsets, &strides) };
             let vm = b.meta::<gst_video::VideoMeta>().unwrap();
             assert_eq!(vm.video_frame_flags(), flags);
             assert_eq!(vm.n_planes(), 2);
