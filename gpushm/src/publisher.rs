@@ -637,9 +637,6 @@ impl<P: Send + 'static> Publisher<P> {
                 guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
         }
-        for c in guard.clients.iter_mut() {
-            c.ch.set_budget(policy.budget as u32);
-        }
         // What clients released since the last frame (they wake nobody for it). Taken after
         // the frame went out (off its way: reading each client's release queue is a cache
         // miss per client) unless a client may be full by the counts of the last frame: a
@@ -647,7 +644,11 @@ impl<P: Send + 'static> Publisher<P> {
         // the same whatever it released since.
         let mut back = Vec::new();
         let limit = crate::layout::zero_copy_limit(policy.budget);
-        let reclaimed = guard.clients.iter().any(|c| c.refs() >= limit);
+        let mut reclaimed = false;
+        for c in guard.clients.iter_mut() {
+            c.ch.set_budget(policy.budget as u32);
+            reclaimed |= c.refs() >= limit;
+        }
         if reclaimed {
             self.reclaim_locked(&mut guard, &mut back);
         }

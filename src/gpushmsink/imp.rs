@@ -946,21 +946,23 @@ impl BaseSinkImpl for GpuShmSink {
     }
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
-        let (server, info, caps, pool, live) = match &*self.state() {
+        // The caps are cloned only where they are needed (a new ring, a copy): off the way of a
+        // frame rendered into our pool.
+        let caps_of = || match &*self.state() {
+            State::Started {
+                caps: Some(caps), ..
+            } => Ok(caps.clone()),
+            _ => Err(gst::FlowError::Flushing),
+        };
+        let (server, info, pool, live) = match &*self.state() {
             State::Started {
                 server,
                 info,
-                caps: Some(caps),
+                caps: Some(_),
                 pool: Some(pool),
                 live,
                 ..
-            } => (
-                server.clone(),
-                info.clone(),
-                caps.clone(),
-                pool.clone(),
-                *live,
-            ),
+            } => (server.clone(), info.clone(), pool.clone(), *live),
             _ => {
                 gst::element_imp_error!(
                     self,
@@ -981,10 +983,11 @@ impl BaseSinkImpl for GpuShmSink {
                 buffer.size(),
                 ring.slot_size()
             );
-            self.make_ring(&caps, buffer.size() as u64).map_err(|e| {
-                e.log_with_imp(self);
-                gst::FlowError::Error
-            })?;
+            self.make_ring(&caps_of()?, buffer.size() as u64)
+                .map_err(|e| {
+                    e.log_with_imp(self);
+                    gst::FlowError::Error
+                })?;
             return self.render(buffer);
         }
         let live = live.unwrap_or_else(|| {
@@ -1030,7 +1033,7 @@ impl BaseSinkImpl for GpuShmSink {
         // Upstream rendered into one of our slots: published as it is, unless consumers
         // still hold that slot (upstream pushed the same buffer again) or it is of an
         // earlier ring.
-        if let Some(slot) = pool.slot_of(buffer) {
+        if let Some(slot) = super::pool::slot_of_buffer(&ring, buffer) {
             let meta = self.frame_meta(buffer, info.as_deref());
             match publish(slot, meta)? {
                 Published::Sent => {
@@ -1042,7 +1045,7 @@ impl BaseSinkImpl for GpuShmSink {
                 }
             }
         }
-        let mut out = self.copy_into_slot(&pool, info.as_deref(), &caps, buffer)?;
+        let mut out = self.copy_into_slot(&pool, info.as_deref(), &caps_of()?, buffer)?;
         server.count_copy();
         let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
         gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");
