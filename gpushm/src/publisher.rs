@@ -637,6 +637,11 @@ impl<P: Send + 'static> Publisher<P> {
                 guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
         }
+        // Refused before any wait for lossless clients: the caller publishes a copy next, which
+        // may wait once (a slot consumers hold is not released by waiting for them to take).
+        if let Some(busy) = Self::slot_refusal(&guard, ring_gen, slot) {
+            return Ok(busy);
+        }
         // What clients released since the last frame (they wake nobody for it). Taken after
         // the frame went out (off its way: reading each client's release queue is a cache
         // miss per client) unless a client may be full by the counts of the last frame: a
@@ -712,30 +717,18 @@ impl<P: Send + 'static> Publisher<P> {
             Self::add_release_waiter(&mut guard, false);
         }
         let inner = &mut *guard;
-        // Only the current ring: consumers read a frame with the newest caps.
-        let ri = (inner.rings.len().checked_sub(1))
-            .filter(|&ri| inner.rings[ri].ring.ring_gen() == ring_gen);
-        let refused = match ri {
-            _ if stopped => Some(Published::Stopped),
-            None => Some(Published::SlotBusy(format!(
-                "ring {ring_gen} is not the current ring"
-            ))),
-            Some(ri) => match inner.rings[ri].slots.get(slot as usize) {
-                None => Some(Published::SlotBusy(format!(
-                    "slot {slot} is not in ring {ring_gen}"
-                ))),
-                Some(s) if s.client_refs != 0 => Some(Published::SlotBusy(format!(
-                    "slot {slot} is still held by consumers"
-                ))),
-                Some(_) => None,
-            },
+        // Looked at again: the ring may have changed while we waited.
+        let refused = match stopped {
+            true => Some(Published::Stopped),
+            false => Self::slot_refusal(inner, ring_gen, slot),
         };
         if let Some(r) = refused {
             drop(guard);
             self.give_back(back);
             return Ok(r);
         }
-        let ri = ri.unwrap_or_default();
+        // slot_refusal() found the ring last.
+        let ri = inner.rings.len() - 1;
         let seq = inner.next_seq;
         inner.next_seq += 1;
         meta.caps_gen = inner.caps.as_ref().map_or(0, |c| c.0);
@@ -836,6 +829,22 @@ impl<P: Send + 'static> Publisher<P> {
         self.give_back(back);
         self.emit(events);
         Ok(Published::Sent)
+    }
+
+    /// Why `slot` of ring `ring_gen` cannot be published now, if it cannot: only the current
+    /// ring's slots are (consumers read a frame with the newest caps), and only while no
+    /// consumer holds them.
+    fn slot_refusal(inner: &Inner<P>, ring_gen: u32, slot: u32) -> Option<Published> {
+        let current = inner.rings.last().filter(|r| r.ring.ring_gen() == ring_gen);
+        let why = match current.map(|r| r.slots.get(slot as usize)) {
+            None => format!("ring {ring_gen} is not the current ring"),
+            Some(None) => format!("slot {slot} is not in ring {ring_gen}"),
+            Some(Some(s)) if s.client_refs != 0 => {
+                format!("slot {slot} is still held by consumers")
+            }
+            Some(Some(_)) => return None,
+        };
+        Some(Published::SlotBusy(why))
     }
 
     /// Takes back what clients released, in every client's release queue: slots whose last
@@ -1495,7 +1504,8 @@ impl FramePublisher {
     }
 
     /// Changes the frames' format or size: a new ring, announced to every consumer (like a
-    /// caps change in GStreamer). Slots lent before keep their old layout.
+    /// caps change in GStreamer). Slots lent before are of the old ring: they can no longer be
+    /// published ([`Self::publish`] says so and takes the slot back); lend new ones.
     pub fn set_layout(&self, layout: crate::format::FrameLayout, fps: (u32, u32)) -> Result<()> {
         let c = Self::ring(&self.engine, layout, fps, self.slots)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
@@ -1593,14 +1603,19 @@ impl FramePublisher {
             budget: (self.slots as usize / 2).max(1),
             max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
         };
-        let result = self.engine.publish(gen, slot, meta, policy);
+        let result = match self.engine.publish_frame(gen, slot, meta, policy, false) {
+            Ok(Published::SlotBusy(why)) => Err(Error::Invalid(format!(
+                "{why}: a frame lent before set_layout() cannot be published; lend a new one"
+            ))),
+            r => r.map(|_| ()),
+        };
         // The slot comes back when the last consumer releases it (at once if none holds it).
         if let Some(t) = self.engine.buffer_returned(gen, slot, SlotToken(slot)) {
             let (free, cond) = &*cur.free;
             free.lock().unwrap_or_else(|e| e.into_inner()).push(t.0);
             cond.notify_one();
         }
-        result.map(|_| ())
+        result
     }
 
     /// Tells every consumer the stream ended.
@@ -1612,5 +1627,34 @@ impl FramePublisher {
 impl Drop for FramePublisher {
     fn drop(&mut self) {
         self.engine.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{FrameLayout, VideoFormat};
+
+    /// A frame lent before set_layout() is of the old ring: publishing it says why (it would
+    /// carry the new caps over the old layout), and frames of the new layout go out.
+    #[test]
+    fn a_frame_lent_before_a_layout_change_is_refused_with_a_reason() {
+        let dir = std::env::temp_dir().join(format!("gpushm-pub-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
+        let cam =
+            FramePublisher::new(&dir.join("cam"), layout, (30, 1), 4, Config::default()).unwrap();
+        let old = cam.acquire(Duration::from_secs(1)).unwrap();
+        let smaller = FrameLayout::new(VideoFormat::Gray8, 32, 24).unwrap();
+        cam.set_layout(smaller, (30, 1)).unwrap();
+        let err = cam.publish(old, None).unwrap_err().to_string();
+        assert!(
+            err.contains("not the current ring") && err.contains("set_layout"),
+            "{err}"
+        );
+        let new = cam.acquire(Duration::from_secs(1)).unwrap();
+        cam.publish(new, None).unwrap();
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

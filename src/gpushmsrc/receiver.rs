@@ -1250,6 +1250,8 @@ impl Worker {
             drop(frame.lease);
             None
         } else if let Some(held) = copy {
+            // The slot order learnt goes from zero-copy frame to zero-copy frame.
+            self.prev_slot = None;
             let mut mem = gst::Memory::with_size(size);
             {
                 let mem = mem.get_mut().ok_or_else(|| {
@@ -1329,14 +1331,25 @@ impl Worker {
         };
         let metas = ahead.as_ref().map(|a| a.metas);
         // A memory put in ahead for another slot goes (the frame came elsewhere).
-        let unused = ahead.as_mut().is_some_and(|a| a.slot.take().is_some());
+        let unused = ahead.as_mut().and_then(|a| a.slot.take());
         let mut buffer = ahead.map(|a| a.buffer).unwrap_or_default();
         {
             let b = buffer.get_mut().ok_or_else(|| {
                 gst::error_msg!(gst::CoreError::Failed, ("A new buffer is not writable"))
             })?;
-            if unused {
+            if let Some(u) = unused {
+                // Back among the spares, for the next frame in that slot.
+                let mem = b.memory(0);
                 b.remove_all_memory();
+                if let Some(mem) = mem.filter(|_| self.spares.len() < MAX_SPARES) {
+                    // `mem` is now the memory's only reference, as SpareMemory requires.
+                    self.spares.push(SpareMemory {
+                        ptr: u.ptr,
+                        size: u.size,
+                        mem,
+                        notify: u.notify,
+                    });
+                }
             }
             if let Some(Some(mem)) = mem {
                 b.append_memory(mem);
