@@ -466,20 +466,6 @@ impl<P: Send + 'static> Publisher<P> {
         lock(&self.inner).stats.frames_copied += 1;
     }
 
-    /// Blocks until a client is connected; false if unlocked or stopped first.
-    pub fn wait_for_client(&self) -> bool {
-        let mut inner = lock(&self.inner);
-        loop {
-            if !inner.clients.is_empty() {
-                return true;
-            }
-            if inner.unlocked || inner.shutdown {
-                return false;
-            }
-            inner = self.changed.wait(inner).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-
     /// Creates a ring of `slots` slots for frames of `frame_size` bytes with `caps`, makes it
     /// current, and announces it to every client.
     pub fn new_ring(
@@ -524,17 +510,6 @@ impl<P: Send + 'static> Publisher<P> {
         drop(inner);
         self.emit(events);
         Ok(ring)
-    }
-
-    /// True if no client references `slot` of the current ring, so it can carry a new frame.
-    pub fn slot_is_free(&self, ring_gen: u32, slot: u32) -> bool {
-        let inner = lock(&self.inner);
-        inner.rings.last().is_some_and(|r| {
-            r.ring.ring_gen() == ring_gen
-                && r.slots
-                    .get(slot as usize)
-                    .is_some_and(|s| s.client_refs == 0)
-        })
     }
 
     pub fn caps_gen(&self) -> u32 {

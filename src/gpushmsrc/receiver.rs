@@ -572,7 +572,6 @@ impl Receiver {
             writable_refusal_warned: false,
             ahead: None,
             spares: Vec::new(),
-            last_slot: None,
             next_slot: Vec::new(),
             prev_slot: None,
             caps_seen: None,
@@ -660,14 +659,13 @@ struct Worker {
     /// in one of them again), at most [`MAX_SPARES`]: wrapping a slot after a wake-up costs
     /// several µs more than filling in a memory made before.
     spares: Vec<SpareMemory>,
-    /// Where the last zero-copy raw-video frame was (address, size): a spare is made for it.
-    last_slot: Option<(usize, usize)>,
     /// For each slot a raw-video frame came in lately (its address), the slot the frame after
     /// it came in: the ring goes round in the same order, so the next frame's memory can be
     /// put in the buffer made ahead. At most [`MAX_SPARES`] entries.
     next_slot: Vec<(usize, usize)>,
-    /// The slot of the last zero-copy raw-video frame (its address).
-    prev_slot: Option<usize>,
+    /// Where the last zero-copy raw-video frame was (address, size): a spare is made for it,
+    /// and the next frame is expected in the slot that followed it last time.
+    prev_slot: Option<(usize, usize)>,
     /// The producer's newest caps as last put in `Shared::caps`.
     caps_seen: Option<Arc<str>>,
 }
@@ -770,8 +768,7 @@ impl Worker {
                     }
                 }
                 let arrival_ns = crate::ring::monotonic_ns();
-                let r = self.build(&conn, frame, arrival_ns);
-                match r {
+                match self.build(&conn, frame, arrival_ns) {
                     Ok(Some(r)) => Step::Item(Item::Frame(r)),
                     // Skipped (waiting for a keyframe): read on.
                     Ok(None) => Step::Interrupted,
@@ -828,7 +825,6 @@ impl Worker {
         self.shared.connected.store(false, Ordering::Release);
         // Memories made ahead over the old rings' slots.
         self.spares.clear();
-        self.last_slot = None;
         self.ahead = None;
         self.next_slot.clear();
         self.prev_slot = None;
@@ -1078,7 +1074,7 @@ impl Worker {
         if ahead.slot.is_some() || ahead.stream.video.is_none() {
             return;
         }
-        let Some(prev) = self.prev_slot else {
+        let Some((prev, _)) = self.prev_slot else {
             return;
         };
         let Some(&(_, next)) = self.next_slot.iter().find(|(from, _)| *from == prev) else {
@@ -1100,8 +1096,8 @@ impl Worker {
     }
 
     /// A zero-copy raw-video frame came at `ptr`: learns which slot follows which.
-    fn note_slot(&mut self, ptr: usize) {
-        if let Some(prev) = self.prev_slot.replace(ptr) {
+    fn note_slot(&mut self, ptr: usize, size: usize) {
+        if let Some((prev, _)) = self.prev_slot.replace((ptr, size)) {
             match self.next_slot.iter_mut().find(|(from, _)| *from == prev) {
                 Some(e) => e.1 = ptr,
                 None => {
@@ -1117,7 +1113,7 @@ impl Worker {
     /// Makes a memory ahead over the slot of the last zero-copy frame, for the next frame
     /// that comes in it.
     fn make_spare(&mut self) {
-        let Some((ptr, size)) = self.last_slot.take() else {
+        let Some((ptr, size)) = self.prev_slot else {
             return;
         };
         if self.spares.iter().any(|s| s.ptr == ptr && s.size == size) {
@@ -1289,35 +1285,25 @@ impl Worker {
             }
             let ptr = frame.ptr as usize;
             if stream.video.is_some() {
-                self.last_slot = Some((ptr, size));
-                self.note_slot(ptr);
+                self.note_slot(ptr, size);
             }
             let expected = ahead
                 .as_mut()
                 .and_then(|a| a.slot.take_if(|s| s.ptr == ptr && s.size == size));
-            let spare = match &expected {
-                Some(_) => None,
-                None => stream
-                    .video
-                    .is_some()
-                    .then(|| {
-                        self.spares
-                            .iter()
-                            .position(|s| s.ptr == ptr && s.size == size)
-                    })
-                    .flatten()
-                    .map(|i| self.spares.swap_remove(i)),
-            };
-            Some(match (expected, spare) {
-                (Some(e), _) => {
-                    // SAFETY: the buffer made ahead holds the memory's only reference and we
-                    // hold the buffer's (it is handed out below, after this), so the
-                    // NotifyOnRelease is alive and nothing else reads it.
-                    unsafe { (*e.notify).lease = Some(frame.lease) };
-                    None
-                }
-                (None, Some(s)) => Some(s.fill(frame.lease)),
-                (None, None) => Some(wrap_slot_memory(
+            if let Some(e) = expected {
+                // SAFETY: the buffer made ahead holds the memory's only reference and we hold
+                // the buffer's (it is handed out below, after this), so the NotifyOnRelease is
+                // alive and nothing else reads it.
+                unsafe { (*e.notify).lease = Some(frame.lease) };
+                Some(None)
+            } else if let Some(i) = stream.video.as_ref().and_then(|_| {
+                self.spares
+                    .iter()
+                    .position(|s| s.ptr == ptr && s.size == size)
+            }) {
+                Some(Some(self.spares.swap_remove(i).fill(frame.lease)))
+            } else {
+                Some(Some(wrap_slot_memory(
                     frame.ptr as *mut u8,
                     size,
                     size,
@@ -1326,8 +1312,8 @@ impl Worker {
                         lease: Some(frame.lease),
                         shared: Arc::downgrade(&self.shared),
                     }),
-                )),
-            })
+                )))
+            }
         };
         let metas = ahead.as_ref().map(|a| a.metas);
         // A memory put in ahead for another slot goes (the frame came elsewhere).
