@@ -19,7 +19,8 @@
 //!
 //! The same binary is the producer (`bench produce ...`) and the consumer (`bench consume ...`).
 //! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny` (64x64 GRAY8
-//! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer).
+//! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer),
+//! `bench latency --runs 7` (latency only, rounds alternating the transports, with medians).
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -796,25 +797,80 @@ fn orchestrate(plot_path: &str) {
     }
 }
 
-/// Latency alone at one size (30 fps live, pool mode), with the floor measured in the same
-/// run: `bench latency --width 1280 --height 720 --frames 90`.
-fn latency_only(w: u64, h: u64, frames: u64) {
-    let fl = floor(30, frames);
-    println!(
-        "floor: p50 {:.1} µs, p99 {:.1} µs",
-        f(&fl, "p50_us"),
-        f(&fl, "p99_us")
-    );
-    for t in ["gpushm", "shm"] {
-        let lat = run(t, w, h, frames, 30, false, false);
-        println!(
-            "{t} {w}x{h}: p50 {:.1} µs (floor +{:.1}; stamp to publish {:.1}), p99 {:.1} µs, consumer CPU {:.1} µs/frame",
-            f(&lat.consumer, "p50_us"),
-            f(&lat.consumer, "p50_us") - f(&fl, "p50_us"),
-            f(&lat.consumer, "producer_p50_us"),
-            f(&lat.consumer, "p99_us"),
-            f(&lat.consumer, "cpu_us_per_frame"),
-        );
+/// Latency alone (30 fps live, pool mode), with the floor measured in the same round:
+/// `bench latency [--width 1280 --height 720] [--frames 300] [--runs 7]`. Without a size it
+/// runs 720p, 1080p and 4K. Each round measures the floor, then both transports, the one that
+/// goes first alternating from round to round; with more than one round it prints the
+/// medians and in how many rounds gpushm's p50 was the lower, because single runs on these
+/// machines differ by 5-15 µs.
+fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64) {
+    let median = |v: &mut Vec<f64>| -> f64 {
+        v.retain(|x| x.is_finite());
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    let mut summary = Vec::new();
+    for &(w, h) in sizes {
+        println!("\n## Latency {w}x{h} NV12, 30 fps live, pool mode, {runs} round(s) of {frames} frames\n");
+        // Per transport: p50s, consumer CPU µs/frame; floors; rounds gpushm was lower.
+        let (mut p50, mut cpu) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+        let (mut floors, mut lower) = (Vec::new(), 0);
+        for round in 0..runs {
+            let fl = floor(30, frames);
+            floors.push(f(&fl, "p50_us"));
+            println!(
+                "round {}: floor p50 {:.1} µs, p99 {:.1} µs",
+                round + 1,
+                f(&fl, "p50_us"),
+                f(&fl, "p99_us")
+            );
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                let t = ["gpushm", "shm"][i];
+                let lat = run(t, w, h, frames, 30, false, false);
+                p50[i].push(f(&lat.consumer, "p50_us"));
+                cpu[i].push(f(&lat.consumer, "cpu_us_per_frame"));
+                let stamp = if i == 0 {
+                    format!(
+                        "; stamp to publish {:.1}",
+                        f(&lat.consumer, "producer_p50_us")
+                    )
+                } else {
+                    String::new()
+                };
+                println!(
+                    "  {t}: p50 {:.1} µs (floor +{:.1}{stamp}), p99 {:.1} µs, consumer CPU {:.1} µs/frame",
+                    f(&lat.consumer, "p50_us"),
+                    f(&lat.consumer, "p50_us") - f(&fl, "p50_us"),
+                    f(&lat.consumer, "p99_us"),
+                    f(&lat.consumer, "cpu_us_per_frame"),
+                );
+            }
+            let (g, s) = (p50[0][round as usize], p50[1][round as usize]);
+            if g < s {
+                lower += 1;
+            }
+        }
+        let fl = median(&mut floors);
+        let [g, s] = [median(&mut p50[0]), median(&mut p50[1])];
+        let [gc, sc] = [median(&mut cpu[0]), median(&mut cpu[1])];
+        summary.push(format!(
+            "| {w}x{h} | {runs} | {fl:.1} | {g:.1} / {s:.1} | {:+.1} / {:+.1} | {lower} of {runs} | {gc:.0} / {sc:.0} |",
+            g - fl,
+            s - fl
+        ));
+    }
+    if runs > 1 {
+        println!("\n## Latency, medians over the rounds\n");
+        println!("| size | rounds | floor p50 µs | p50 µs gpushm / shm | above the floor gpushm / shm | gpushm lower in | consumer CPU µs/frame gpushm / shm |");
+        println!("|---|---|---|---|---|---|---|");
+        for line in summary {
+            println!("{line}");
+        }
     }
 }
 
@@ -925,10 +981,14 @@ fn main() {
             Ok(())
         }
         Some("latency") => {
+            let sizes = match (arg(&args, "--width"), arg(&args, "--height")) {
+                (None, None) => vec![(1280, 720), (1920, 1080), (3840, 2160)],
+                _ => vec![(num(&args, "--width", 1280), num(&args, "--height", 720))],
+            };
             latency_only(
-                num(&args, "--width", 1280),
-                num(&args, "--height", 720),
-                num(&args, "--frames", 90),
+                &sizes,
+                num(&args, "--frames", 300),
+                num(&args, "--runs", 1).max(1),
             );
             Ok(())
         }

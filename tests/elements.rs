@@ -297,6 +297,95 @@ fn a_pool_buffer_pushed_again_while_held_goes_out_as_a_copy() {
     drop((held, second, buf));
 }
 
+/// Upstream keeps a buffer of gpushmsink's pool after pushing it and writes into it again (an
+/// app reusing its frame, a source drawing the next frame into the same buffer). The frame a
+/// consumer holds keeps its bytes: the published memory is read-only, so the write map gets a
+/// copy. Pushed again, the buffer goes out as a copy, and its slot still comes back to the
+/// pool: every slot can be acquired at once afterwards.
+#[test]
+fn upstream_writing_into_a_pushed_pool_buffer_leaves_held_frames_alone() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("rewrite.sock");
+    let caps_str = "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1";
+    let mut sink = sink_harness(&sock, caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let caps = gst::Caps::from_str(caps_str).unwrap();
+    let mut q = gst::query::Allocation::new(Some(&caps), true);
+    let pad = sink.element().unwrap().static_pad("sink").unwrap();
+    assert!(pad.query(&mut q), "gpushmsink answers the ALLOCATION query");
+    let (pool, size, min, max) = q
+        .allocation_pools()
+        .into_iter()
+        .find_map(|(p, size, min, max)| p.map(|p| (p, size, min, max)))
+        .expect("gpushmsink offers a pool");
+    assert!(max > 1, "a pool of {max} buffers");
+    let mut config = pool.config();
+    config.set_params(Some(&caps), size, min, max);
+    pool.set_config(config).unwrap();
+    pool.set_active(true).unwrap();
+    let pattern = |n: u64| gray_frame(n, 64, 48).map_readable().unwrap().to_vec();
+    let mut buf = pool.acquire_buffer(None).unwrap();
+    {
+        let b = buf.get_mut().unwrap();
+        b.copy_from_slice(0, &pattern(0)).unwrap();
+        b.set_offset(0);
+    }
+    assert_eq!(sink.push(buf.clone()), Ok(gst::FlowSuccess::Ok));
+    let held = src.pull().expect("the frame in the pool's buffer");
+    assert!(held.map_readable().unwrap().as_slice() == pattern(0));
+    // The sink let go of the buffer: upstream's reference is the only one, so it may write.
+    {
+        let b = buf
+            .get_mut()
+            .expect("after the push, upstream holds the buffer's only reference");
+        let mut map = b
+            .map_writable()
+            .expect("mapping for writing works (on a copy)");
+        map.as_mut_slice().copy_from_slice(&pattern(1));
+    }
+    assert!(
+        held.map_readable().unwrap().as_slice() == pattern(0),
+        "the held frame did not change when upstream wrote into the buffer it pushed"
+    );
+    buf.make_mut().set_offset(1);
+    assert_eq!(sink.push(buf), Ok(gst::FlowSuccess::Ok));
+    let second = src.pull().expect("the second frame");
+    assert_eq!(second.offset(), 1);
+    assert!(second.map_readable().unwrap().as_slice() == pattern(1));
+    assert!(held.map_readable().unwrap().as_slice() == pattern(0));
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 1);
+    drop((held, second));
+    // No slot was lost: all of them at once, with a deadline instead of a hang.
+    let (tx, rx) = mpsc::channel();
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        let all: Result<Vec<_>, _> = (0..max).map(|_| p.acquire_buffer(None)).collect();
+        let _ = tx.send(all);
+    });
+    let all = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("every one of the pool's slots can be acquired again, at once")
+        .unwrap();
+    assert_eq!(all.len(), max as usize);
+    for b in &all {
+        assert!(
+            !b.peek_memory(0)
+                .flags()
+                .contains(gst::MemoryFlags::READONLY),
+            "a buffer back in the pool is writable in place again"
+        );
+    }
+    drop(all);
+    pool.set_active(false).unwrap();
+}
+
 #[test]
 fn frames_metadata_and_eos_travel_through_the_harnesses() {
     init();

@@ -1037,6 +1037,7 @@ impl BaseSinkImpl for GpuShmSink {
             let meta = self.frame_meta(buffer, info.as_deref());
             match publish(slot, meta)? {
                 Published::Sent => {
+                    super::pool::lock_published(buffer);
                     return Ok(gst::FlowSuccess::Ok);
                 }
                 Published::Stopped => return Err(gst::FlowError::Flushing),

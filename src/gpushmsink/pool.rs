@@ -4,6 +4,12 @@
 //!
 //! A buffer that comes back to the pool while consumers still hold its slot is parked by the
 //! server and handed back to the pool only when the last consumer released it.
+//!
+//! Once published, a slot's memory is read-only ([`lock_published`]) until the buffer is back
+//! in the free queue: an upstream element that kept the buffer and maps it for writing gets a
+//! copy (GStreamer's copy-on-write, `gst_memory_make_mapped`), not the bytes consumers hold.
+//! The pool knows a buffer's slot by the buffer itself, so a buffer whose memory was replaced
+//! that way still gives its slot back.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -81,6 +87,28 @@ pub fn register_ring(dev: &Arc<crate::cuda::Device>, ring: &ProducerRing) -> Res
     r
 }
 
+/// Makes the memory of a published pool buffer read-only until the buffer is back in the
+/// pool's free queue, so that upstream cannot write into a frame consumers hold.
+pub fn lock_published(buffer: &gst::BufferRef) {
+    if let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) {
+        // SAFETY: a flag of a memory we made; GStreamer tests it when the memory is mapped.
+        unsafe { (*mem.as_mut_ptr()).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY };
+    }
+}
+
+/// Undoes [`lock_published`] for a buffer whose slot no consumer holds, back in the pool.
+fn unlock(ring: Option<&ProducerRing>, buffer: &gst::BufferRef) {
+    let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) else {
+        return;
+    };
+    if mem.flags().contains(gst::MemoryFlags::READONLY)
+        && ring.is_some_and(|r| slot_of_buffer(r, buffer).is_some())
+    {
+        // SAFETY: as in lock_published; only the pool holds the buffer now.
+        unsafe { (*mem.as_mut_ptr()).mini_object.flags &= !gst::ffi::GST_MEMORY_FLAG_READONLY };
+    }
+}
+
 /// The slot of `ring` whose memory `buffer` is, if it is exactly one slot.
 pub fn slot_of_buffer(ring: &ProducerRing, buffer: &gst::BufferRef) -> Option<u32> {
     if buffer.n_memory() != 1 {
@@ -103,6 +131,9 @@ mod imp {
         pub ring: Option<Arc<ProducerRing>>,
         pub server: Weak<Server>,
         pub free_slots: Vec<u32>,
+        /// The slot of each buffer the pool made (the buffer's address), found even when
+        /// upstream replaced the buffer's memory.
+        pub slot_by_buffer: Vec<(usize, u32)>,
         pub size: usize,
         pub video_info: Option<gst_video::VideoInfo>,
         /// cuda-register=auto: the device (cuda-device-id) to register with on request.
@@ -126,6 +157,13 @@ mod imp {
 
     impl SlotPool {
         pub fn requeue(&self, buffer: gst::Buffer) {
+            let ring = self
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .ring
+                .clone();
+            unlock(ring.as_deref(), &buffer);
             self.parent_release_buffer(buffer);
         }
     }
@@ -227,6 +265,7 @@ mod imp {
                 Box::new(ring),
             );
             let mut buffer = gst::Buffer::new();
+            st.slot_by_buffer.push((buffer.as_ptr() as usize, slot));
             {
                 let b = buffer.get_mut().expect("new buffer is writable");
                 b.append_memory(mem);
@@ -258,25 +297,31 @@ mod imp {
 
         fn free_buffer(&self, buffer: gst::Buffer) {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(slot) = st.ring.as_ref().and_then(|r| slot_of_buffer(r, &buffer)) {
+            let key = buffer.as_ptr() as usize;
+            if let Some(i) = st.slot_by_buffer.iter().position(|&(b, _)| b == key) {
+                let (_, slot) = st.slot_by_buffer.swap_remove(i);
                 st.free_slots.push(slot);
             }
         }
 
         fn release_buffer(&self, buffer: gst::Buffer) {
-            let (server, ring) = {
+            let (server, ring, slot) = {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                (st.server.upgrade(), st.ring.clone())
+                let key = buffer.as_ptr() as usize;
+                let slot = st.slot_by_buffer.iter().find(|&&(b, _)| b == key);
+                (st.server.upgrade(), st.ring.clone(), slot.map(|&(_, s)| s))
             };
-            let slot = ring.as_ref().and_then(|r| slot_of_buffer(r, &buffer));
-            match (server, ring, slot) {
+            let buffer = match (server, &ring, slot) {
                 (Some(server), Some(ring), Some(slot)) => {
-                    if let Some(buffer) = server.buffer_returned(ring.ring_gen(), slot, buffer) {
-                        self.parent_release_buffer(buffer);
+                    match server.buffer_returned(ring.ring_gen(), slot, buffer) {
+                        Some(buffer) => buffer,
+                        None => return,
                     }
                 }
-                _ => self.parent_release_buffer(buffer),
-            }
+                _ => buffer,
+            };
+            unlock(ring.as_deref(), &buffer);
+            self.parent_release_buffer(buffer);
         }
     }
 }
