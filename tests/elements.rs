@@ -6,6 +6,7 @@ use common::*;
 
 use gst::prelude::*;
 use gst_check::Harness;
+use gst_video::prelude::*;
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
@@ -384,6 +385,79 @@ fn upstream_writing_into_a_pushed_pool_buffer_leaves_held_frames_alone() {
     }
     drop(all);
     pool.set_active(false).unwrap();
+}
+
+/// Buffers that are not from the sink's pool are copied into a slot: one with a VideoMeta of
+/// another layout (rows padded to 80 bytes) is copied row by row into the caps' layout, one in
+/// two memories without a VideoMeta in one piece. Consumers see the right pixels either way.
+#[test]
+fn foreign_buffers_of_any_layout_arrive_with_their_pixels() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("layouts.sock");
+    let caps_str = "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1";
+    let mut sink = sink_harness(&sock, caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let info = gst_video::VideoInfo::from_caps(&gst::Caps::from_str(caps_str).unwrap()).unwrap();
+    let pixel = |n: u64, x: usize, y: usize| ((x + 3 * y + 17 * n as usize) % 251) as u8;
+    // Frame 0: rows of 64 pixels padded to 80 bytes, said so by a VideoMeta.
+    let mut padded = vec![0xEEu8; 80 * 48];
+    for y in 0..48 {
+        for x in 0..64 {
+            padded[y * 80 + x] = pixel(0, x, y);
+        }
+    }
+    let mut b0 = gst::Buffer::from_mut_slice(padded);
+    {
+        let b = b0.get_mut().unwrap();
+        gst_video::VideoMeta::add_full(
+            b,
+            gst_video::VideoFrameFlags::empty(),
+            gst_video::VideoFormat::Gray8,
+            64,
+            48,
+            &[0],
+            &[80],
+        )
+        .unwrap();
+        b.set_offset(0);
+    }
+    // Frame 1: the caps' layout, in two memories.
+    let tight: Vec<u8> = (0..48)
+        .flat_map(|y| (0..64).map(move |x| pixel(1, x, y)))
+        .collect();
+    let mut b1 = gst::Buffer::new();
+    {
+        let b = b1.get_mut().unwrap();
+        b.append_memory(gst::Memory::from_slice(tight[..1000].to_vec()));
+        b.append_memory(gst::Memory::from_slice(tight[1000..].to_vec()));
+        b.set_offset(1);
+    }
+    for (n, buf) in [b0, b1].into_iter().enumerate() {
+        assert_eq!(sink.push(buf), Ok(gst::FlowSuccess::Ok));
+        let got = src.pull().expect("a frame");
+        assert_eq!(got.offset(), n as u64);
+        let frame = gst_video::VideoFrameRef::from_buffer_ref_readable(got.as_ref(), &info)
+            .expect("the frame maps with the caps");
+        let stride = frame.plane_stride()[0] as usize;
+        let data = frame.plane_data(0).unwrap();
+        for y in 0..48 {
+            for x in 0..64 {
+                assert_eq!(
+                    data[y * stride + x],
+                    pixel(n as u64, x, y),
+                    "frame {n} at {x},{y}"
+                );
+            }
+        }
+    }
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 2);
 }
 
 #[test]

@@ -269,6 +269,25 @@ impl GpuShmSink {
             drop(map);
             return Ok(out);
         };
+        // The frame laid out as the caps say (no VideoMeta, or one that agrees): one memcpy of
+        // the whole frame. GstVideoFrame copies line by line, which cost ~60 µs more per
+        // 1080p NV12 frame at 30 fps (bench, 2-core VM).
+        if buffer.size() >= info.size() && laid_out_as(buffer, info) {
+            let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
+            let mut map = outref.map_writable().map_err(map_failed)?;
+            if let Some(dst) = map.get_mut(..info.size()) {
+                buffer.copy_to_slice(0, dst).map_err(|_| {
+                    gst::element_imp_error!(
+                        self,
+                        gst::ResourceError::Read,
+                        ("Could not read a frame of {} bytes", info.size())
+                    );
+                    gst::FlowError::Error
+                })?;
+                drop(map);
+                return Ok(out);
+            }
+        }
         let src = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), info)
             .map_err(|_| {
                 gst::element_imp_error!(
@@ -1085,4 +1104,18 @@ impl BaseSinkImpl for GpuShmSink {
         drop(out);
         Ok(gst::FlowSuccess::Ok)
     }
+}
+
+/// Whether `buffer`'s planes sit where `info` puts them: no VideoMeta, or one that agrees.
+fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
+    let Some(m) = buffer.meta::<gst_video::VideoMeta>() else {
+        return true;
+    };
+    let n = info.n_planes() as usize;
+    m.format() == info.format()
+        && m.width() == info.width()
+        && m.height() == info.height()
+        && m.n_planes() as usize == n
+        && m.offset().get(..n) == info.offset().get(..n)
+        && m.stride().get(..n) == info.stride().get(..n)
 }
