@@ -362,8 +362,25 @@ fn upstream_writing_into_a_pushed_pool_buffer_leaves_held_frames_alone() {
     assert!(held.map_readable().unwrap().as_slice() == pattern(0));
     let stats = sink.element().unwrap().property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 1);
-    drop((held, second));
-    // No slot was lost: all of them at once, with a deadline instead of a hang.
+    // A fresh buffer of the pool goes out in place (and so is made read-only)...
+    let mut fresh = pool.acquire_buffer(None).unwrap();
+    {
+        let b = fresh.get_mut().unwrap();
+        b.copy_from_slice(0, &pattern(2)).unwrap();
+        b.set_offset(2);
+    }
+    assert_eq!(sink.push(fresh), Ok(gst::FlowSuccess::Ok));
+    let third = src.pull().expect("the third frame");
+    assert!(third.map_readable().unwrap().as_slice() == pattern(2));
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(
+        stats.get::<u64>("frames-copied").unwrap(),
+        1,
+        "sent in place"
+    );
+    drop((held, second, third));
+    // ...and writable in place again once it is back in the pool (checked below). No slot was
+    // lost either: all of them at once, with a deadline instead of a hang.
     let (tx, rx) = mpsc::channel();
     let p = pool.clone();
     std::thread::spawn(move || {
@@ -458,6 +475,78 @@ fn foreign_buffers_of_any_layout_arrive_with_their_pixels() {
     }
     let stats = sink.element().unwrap().property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 2);
+}
+
+/// NV12 frames not from the pool: with a VideoMeta that agrees with the caps and trailing bytes
+/// after the frame (copied in one piece, the trailing bytes left out), and with the caps'
+/// strides but the UV plane further on (copied plane by plane). Both arrive with their pixels.
+#[test]
+fn foreign_nv12_frames_with_moved_planes_or_trailing_bytes_arrive_intact() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("nv12.sock");
+    let caps_str = "video/x-raw,format=NV12,width=64,height=48,framerate=25/1";
+    let mut sink = sink_harness(&sock, caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let info = gst_video::VideoInfo::from_caps(&gst::Caps::from_str(caps_str).unwrap()).unwrap();
+    // Plane 0: 64x48 luma; plane 1: 32x24 UV pairs, 64 bytes a row.
+    let byte = |n: u64, plane: usize, x: usize, y: usize| {
+        ((x * 5 + y * 11 + plane * 101 + n as usize * 29) % 253) as u8
+    };
+    let rows = [48usize, 24];
+    let frame = |n: u64, uv_offset: usize, trailing: usize| {
+        let mut data = vec![0xA5u8; uv_offset + 64 * 24 + trailing];
+        for (plane, start) in [0, uv_offset].into_iter().enumerate() {
+            for y in 0..rows[plane] {
+                for x in 0..64 {
+                    data[start + y * 64 + x] = byte(n, plane, x, y);
+                }
+            }
+        }
+        let mut b = gst::Buffer::from_mut_slice(data);
+        {
+            let b = b.get_mut().unwrap();
+            gst_video::VideoMeta::add_full(
+                b,
+                gst_video::VideoFrameFlags::empty(),
+                gst_video::VideoFormat::Nv12,
+                64,
+                48,
+                &[0, uv_offset],
+                &[64, 64],
+            )
+            .unwrap();
+            b.set_offset(n);
+        }
+        b
+    };
+    // Frame 0 as the caps say, 1000 bytes more; frame 1 with 256 bytes between the planes.
+    let pushed = [frame(0, 64 * 48, 1000), frame(1, 64 * 48 + 256, 0)];
+    for (n, buf) in pushed.into_iter().enumerate() {
+        assert_eq!(sink.push(buf), Ok(gst::FlowSuccess::Ok));
+        let got = src.pull().expect("a frame");
+        assert_eq!(got.offset(), n as u64);
+        let f = gst_video::VideoFrameRef::from_buffer_ref_readable(got.as_ref(), &info)
+            .expect("the frame maps with the caps");
+        for (plane, &plane_rows) in rows.iter().enumerate() {
+            let stride = f.plane_stride()[plane] as usize;
+            let data = f.plane_data(plane as u32).unwrap();
+            for y in 0..plane_rows {
+                for x in 0..64 {
+                    assert_eq!(
+                        data[y * stride + x],
+                        byte(n as u64, plane, x, y),
+                        "frame {n}, plane {plane} at {x},{y}"
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

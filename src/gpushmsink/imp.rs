@@ -214,7 +214,8 @@ impl GpuShmSink {
     }
 
     /// Copies `buffer` into a free slot of the pool; returns the pool buffer. Raw video
-    /// (`info`) is copied plane by plane into the pool's layout; anything else byte for byte.
+    /// (`info`) laid out as the caps say is copied in one piece, other layouts plane by plane
+    /// into the pool's layout; anything else byte for byte.
     fn copy_into_slot(
         &self,
         pool: &SlotPool,

@@ -88,10 +88,14 @@ pub fn register_ring(dev: &Arc<crate::cuda::Device>, ring: &ProducerRing) -> Res
 }
 
 /// Makes the memory of a published pool buffer read-only until the buffer is back in the
-/// pool's free queue, so that upstream cannot write into a frame consumers hold.
+/// pool's free queue, so that a write map through the buffer (or a copy sharing its memory)
+/// gets a copy instead of the frame consumers hold. Writes through a GpuShmCudaMeta device
+/// pointer are not covered.
 pub fn lock_published(buffer: &gst::BufferRef) {
     if let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) {
         // SAFETY: a flag of a memory we made; GStreamer tests it when the memory is mapped.
+        // A plain read-modify-write: render() holds a reference, so upstream cannot be
+        // mapping the memory for writing now, and nothing else writes its flags.
         unsafe { (*mem.as_mut_ptr()).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY };
     }
 }
