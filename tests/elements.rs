@@ -404,6 +404,96 @@ fn upstream_writing_into_a_pushed_pool_buffer_leaves_held_frames_alone() {
     pool.set_active(false).unwrap();
 }
 
+/// A shallow copy of a pool buffer that outlives the buffer (videorate pushes copies that share
+/// the frame's memory, and a queue may still hold one when the original goes back to the
+/// pool): the slot is not lent again while the copy exists, so upstream does not draw over it,
+/// and not while a consumer holds the frame the copy carried.
+#[test]
+fn a_copy_of_a_pool_buffer_keeps_its_slot_until_it_and_its_readers_are_gone() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("copy-outlives.sock");
+    let caps_str = "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1";
+    let mut sink = sink_harness(&sock, caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let caps = gst::Caps::from_str(caps_str).unwrap();
+    let mut q = gst::query::Allocation::new(Some(&caps), true);
+    let pad = sink.element().unwrap().static_pad("sink").unwrap();
+    assert!(pad.query(&mut q), "gpushmsink answers the ALLOCATION query");
+    let (pool, size, min, max) = q
+        .allocation_pools()
+        .into_iter()
+        .find_map(|(p, size, min, max)| p.map(|p| (p, size, min, max)))
+        .expect("gpushmsink offers a pool");
+    let mut config = pool.config();
+    config.set_params(Some(&caps), size, min, max);
+    pool.set_config(config).unwrap();
+    pool.set_active(true).unwrap();
+    let pattern = |n: u64| gray_frame(n, 64, 48).map_readable().unwrap().to_vec();
+    let first_byte = |b: &gst::BufferRef| b.map_readable().unwrap().as_ptr() as usize;
+    let mut original = pool.acquire_buffer(None).unwrap();
+    {
+        let b = original.get_mut().unwrap();
+        b.copy_from_slice(0, &pattern(0)).unwrap();
+        b.set_offset(0);
+    }
+    let slot_addr = first_byte(&original);
+    // The copy waits (in a queue, say) while the original goes back to the pool.
+    let copy = original.copy();
+    drop(original);
+    // Upstream draws the next frames: never into the copy's slot.
+    let mut next = Vec::new();
+    for n in 1..max as u64 {
+        let mut b = pool.acquire_buffer(None).unwrap();
+        assert_ne!(
+            first_byte(&b),
+            slot_addr,
+            "the slot of a copy still on its way was lent again"
+        );
+        let r = b.get_mut().unwrap();
+        r.copy_from_slice(0, &pattern(n)).unwrap();
+        r.set_offset(n);
+        next.push(b);
+    }
+    assert!(copy.map_readable().unwrap().as_slice() == pattern(0));
+    // The copy goes out in place and a consumer holds it; then the copy itself is gone.
+    assert_eq!(sink.push(copy), Ok(gst::FlowSuccess::Ok));
+    let held = src.pull().expect("the copied frame");
+    assert_eq!(held.offset(), 0);
+    assert!(held.map_readable().unwrap().as_slice() == pattern(0));
+    for b in next {
+        assert_eq!(sink.push(b), Ok(gst::FlowSuccess::Ok));
+        let got = src.pull().expect("a frame");
+        assert!(got.map_readable().unwrap().as_slice() == pattern(got.offset()));
+    }
+    // Every slot but the held one can be lent; the held one only once the consumer let go.
+    let (tx, rx) = mpsc::channel();
+    let p = pool.clone();
+    std::thread::spawn(move || {
+        let all: Result<Vec<_>, _> = (0..max).map(|_| p.acquire_buffer(None)).collect();
+        let _ = tx.send(all);
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "all the slots were lent while a consumer still held one"
+    );
+    assert!(held.map_readable().unwrap().as_slice() == pattern(0));
+    drop(held);
+    let all = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the held slot is lent again once the consumer let go")
+        .unwrap();
+    assert_eq!(all.len(), max as usize);
+    assert!(all.iter().any(|b| first_byte(b) == slot_addr));
+    drop(all);
+    pool.set_active(false).unwrap();
+}
+
 /// Buffers that are not from the sink's pool are copied into a slot: one with a VideoMeta of
 /// another layout (rows padded to 80 bytes) is copied row by row into the caps' layout, one in
 /// two memories without a VideoMeta in one piece. Consumers see the right pixels either way.

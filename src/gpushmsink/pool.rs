@@ -5,13 +5,19 @@
 //! A buffer that comes back to the pool while consumers still hold its slot is parked by the
 //! server and handed back to the pool only when the last consumer released it.
 //!
+//! A slot is lent again only once its memory is gone and no consumer holds it. The memory can
+//! outlive its pool buffer: a shallow copy (`videorate ! queue ! gpushmsink` pushes those) still
+//! waiting in a queue when the original went back to the pool. Until that copy is gone too the
+//! slot stays out, so upstream never draws over a frame that is still on its way. When the
+//! memory goes while consumers hold the slot, a marker is parked for the slot instead of a
+//! buffer, and the slot comes free with it.
+//!
 //! Once published, a slot's memory is read-only ([`lock_published`]) until the buffer is back
 //! in the free queue: an upstream element that kept the buffer and maps it for writing gets a
 //! copy (GStreamer's copy-on-write, `gst_memory_make_mapped`), not the bytes consumers hold.
-//! The pool knows a buffer's slot by the buffer itself, so a buffer whose memory was replaced
-//! that way still gives its slot back.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
 
 use gst::glib;
 use gst::subclass::prelude::*;
@@ -113,6 +119,32 @@ fn unlock(ring: Option<&ProducerRing>, buffer: &gst::BufferRef) {
     }
 }
 
+/// What a slot's memory keeps: the mapping, and the slot, which goes back to the pool when
+/// the memory is freed (after every buffer that shared it).
+struct SlotKeep {
+    _ring: Arc<ProducerRing>,
+    slot: u32,
+    pool: glib::WeakRef<SlotPool>,
+}
+
+impl Drop for SlotKeep {
+    fn drop(&mut self) {
+        if let Some(pool) = self.pool.upgrade() {
+            pool.imp().memory_gone(self.slot);
+        }
+    }
+}
+
+/// A parked stand-in for a slot whose memory is gone while consumers still hold the slot: no
+/// memory, the slot in its offset.
+fn marker(slot: u32) -> gst::Buffer {
+    let mut b = gst::Buffer::new();
+    if let Some(b) = b.get_mut() {
+        b.set_offset(slot as u64);
+    }
+    b
+}
+
 /// The slot of `ring` whose memory `buffer` is, if it is exactly one slot.
 pub fn slot_of_buffer(ring: &ProducerRing, buffer: &gst::BufferRef) -> Option<u32> {
     if buffer.n_memory() != 1 {
@@ -134,10 +166,10 @@ mod imp {
     pub struct State {
         pub ring: Option<Arc<ProducerRing>>,
         pub server: Weak<Server>,
+        /// Slots with no memory and no consumer: alloc_buffer lends these.
         pub free_slots: Vec<u32>,
-        /// The slot of each buffer the pool made (the buffer's address), found even when
-        /// upstream replaced the buffer's memory.
-        pub slot_by_buffer: Vec<(usize, u32)>,
+        /// Slots whose memory is gone; consumers may still hold them (alloc_buffer asks).
+        pub gone: Vec<u32>,
         pub size: usize,
         pub video_info: Option<gst_video::VideoInfo>,
         /// cuda-register=auto: the device (cuda-device-id) to register with on request.
@@ -147,6 +179,10 @@ mod imp {
     #[derive(Default)]
     pub struct SlotPool {
         pub state: Mutex<State>,
+        /// Bumped whenever a buffer or a slot may have come free, or on flushing: what a
+        /// blocked acquire_buffer waits on.
+        changes: Mutex<u64>,
+        changed: Condvar,
     }
 
     #[glib::object_subclass]
@@ -160,15 +196,47 @@ mod imp {
     impl GstObjectImpl for SlotPool {}
 
     impl SlotPool {
+        /// A parked buffer (or marker) whose slot no consumer holds any more. May run with the
+        /// server's lock held: takes only the pool's own locks.
         pub fn requeue(&self, buffer: gst::Buffer) {
-            let ring = self
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .ring
-                .clone();
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if buffer.n_memory() == 0 {
+                st.free_slots.push(buffer.offset() as u32);
+                drop(st);
+                self.bump();
+                return;
+            }
+            let ring = st.ring.clone();
+            drop(st);
             unlock(ring.as_deref(), &buffer);
             self.parent_release_buffer(buffer);
+            self.bump();
+        }
+
+        /// The memory of `slot` was freed. Takes only the pool's own locks: it runs wherever
+        /// the last reference went, the server's lock possibly held.
+        pub(super) fn memory_gone(&self, slot: u32) {
+            self.state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .gone
+                .push(slot);
+            self.bump();
+        }
+
+        fn bump(&self) {
+            *self.changes.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+            self.changed.notify_all();
+        }
+
+        fn changes(&self) -> u64 {
+            *self.changes.lock().unwrap_or_else(|e| e.into_inner())
+        }
+
+        /// Waits until [`Self::bump`] moved past `seen`, at most `timeout`.
+        fn wait_change(&self, seen: u64, timeout: Duration) {
+            let g = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self.changed.wait_timeout_while(g, timeout, |c| *c == seen);
         }
     }
 
@@ -233,31 +301,65 @@ mod imp {
                 gst::BufferPoolAcquireParams::with_flags(gst::BufferPoolAcquireFlags::empty())
             });
             now.set_flags(flags | gst::BufferPoolAcquireFlags::DONTWAIT);
+            let mut seen = self.changes();
             match self.parent_acquire_buffer(Some(&now)) {
                 Err(gst::FlowError::Eos)
-                    if !flags.contains(gst::BufferPoolAcquireFlags::DONTWAIT) =>
-                {
-                    // Every slot is out. Consumers do not wake the producer for each release:
-                    // take back what they released, and have them wake it while we wait.
-                    let server = self
-                        .state
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .server
-                        .upgrade();
-                    let _waiting = server.as_ref().map(|s| s.want_releases());
-                    self.parent_acquire_buffer(params)
-                }
-                r => r,
+                    if !flags.contains(gst::BufferPoolAcquireFlags::DONTWAIT) => {}
+                r => return r,
             }
+            // Every slot is out. Consumers do not wake the producer for each release: take
+            // back what they released, and have them wake it while we wait. GstBufferPool's
+            // own wait would miss a slot that comes free without a buffer coming back (its
+            // memory outlived the buffer), so the wait is ours; the timeout is only a
+            // safety net.
+            let server = self
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .server
+                .upgrade();
+            let _waiting = server.as_ref().map(|s| s.want_releases());
+            loop {
+                self.wait_change(seen, Duration::from_millis(50));
+                seen = self.changes();
+                match self.parent_acquire_buffer(Some(&now)) {
+                    Err(gst::FlowError::Eos) => {}
+                    r => return r,
+                }
+            }
+        }
+
+        fn flush_start(&self) {
+            self.parent_flush_start();
+            self.bump();
         }
 
         fn alloc_buffer(
             &self,
             _params: Option<&gst::BufferPoolAcquireParams>,
         ) -> Result<gst::Buffer, gst::FlowError> {
+            // Slots whose memory is gone come free unless a consumer holds them; then a marker
+            // is parked for the slot and requeue() frees it. Asked without the pool's lock
+            // (requeue takes it under the server's).
+            let (ring, server, gone) = {
+                let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                (
+                    st.ring.clone().ok_or(gst::FlowError::Error)?,
+                    st.server.upgrade(),
+                    std::mem::take(&mut st.gone),
+                )
+            };
+            let freed: Vec<u32> = gone
+                .into_iter()
+                .filter(|&slot| match &server {
+                    Some(s) => s
+                        .buffer_returned(ring.ring_gen(), slot, marker(slot))
+                        .is_some(),
+                    None => true,
+                })
+                .collect();
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let ring = st.ring.clone().ok_or(gst::FlowError::Error)?;
+            st.free_slots.extend(freed);
             let slot = st.free_slots.pop().ok_or(gst::FlowError::Eos)?;
             let cuda = crate::cuda::register::device_ptr_in(ring.attachment(), ring.slot_ptr(slot));
             let slot_size = ring.slot_size();
@@ -266,10 +368,13 @@ mod imp {
                 ring.slot_size() as usize,
                 st.size,
                 false,
-                Box::new(ring),
+                Box::new(SlotKeep {
+                    _ring: ring.clone(),
+                    slot,
+                    pool: self.obj().downgrade(),
+                }),
             );
             let mut buffer = gst::Buffer::new();
-            st.slot_by_buffer.push((buffer.as_ptr() as usize, slot));
             {
                 let b = buffer.get_mut().expect("new buffer is writable");
                 b.append_memory(mem);
@@ -300,21 +405,19 @@ mod imp {
         }
 
         fn free_buffer(&self, buffer: gst::Buffer) {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            let key = buffer.as_ptr() as usize;
-            if let Some(i) = st.slot_by_buffer.iter().position(|&(b, _)| b == key) {
-                let (_, slot) = st.slot_by_buffer.swap_remove(i);
-                st.free_slots.push(slot);
-            }
+            // Its slot comes free when the memory does (SlotKeep), which may be now.
+            drop(buffer);
+            self.bump();
         }
 
         fn release_buffer(&self, buffer: gst::Buffer) {
-            let (server, ring, slot) = {
+            let (server, ring) = {
                 let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                let key = buffer.as_ptr() as usize;
-                let slot = st.slot_by_buffer.iter().find(|&&(b, _)| b == key);
-                (st.server.upgrade(), st.ring.clone(), slot.map(|&(_, s)| s))
+                (st.server.upgrade(), st.ring.clone())
             };
+            // Parked only while it still carries its slot's memory: one whose memory was
+            // replaced (copy-on-write) goes back at once, and its slot follows the memory.
+            let slot = ring.as_ref().and_then(|r| slot_of_buffer(r, &buffer));
             let buffer = match (server, &ring, slot) {
                 (Some(server), Some(ring), Some(slot)) => {
                     match server.buffer_returned(ring.ring_gen(), slot, buffer) {
@@ -326,6 +429,7 @@ mod imp {
             };
             unlock(ring.as_deref(), &buffer);
             self.parent_release_buffer(buffer);
+            self.bump();
         }
     }
 }
