@@ -16,6 +16,7 @@
 //! in the free queue: an upstream element that kept the buffer and maps it for writing gets a
 //! copy (GStreamer's copy-on-write, `gst_memory_make_mapped`), not the bytes consumers hold.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::Duration;
 
@@ -180,8 +181,11 @@ mod imp {
     pub struct SlotPool {
         pub state: Mutex<State>,
         /// Bumped whenever a buffer or a slot may have come free, or on flushing: what a
-        /// blocked acquire_buffer waits on.
-        changes: Mutex<u64>,
+        /// blocked acquire_buffer waits on. Without waiters a bump is one atomic add (it
+        /// happens for every buffer that comes back).
+        changes: AtomicU64,
+        waiters: AtomicUsize,
+        wait_lock: Mutex<()>,
         changed: Condvar,
     }
 
@@ -225,18 +229,27 @@ mod imp {
         }
 
         fn bump(&self) {
-            *self.changes.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-            self.changed.notify_all();
+            self.changes.fetch_add(1, Ordering::SeqCst);
+            // A waiter counts itself before it looks at `changes`: either it sees this bump,
+            // or it is counted here and gets the notification (under the lock it waits with).
+            if self.waiters.load(Ordering::SeqCst) > 0 {
+                drop(self.wait_lock.lock().unwrap_or_else(|e| e.into_inner()));
+                self.changed.notify_all();
+            }
         }
 
         fn changes(&self) -> u64 {
-            *self.changes.lock().unwrap_or_else(|e| e.into_inner())
+            self.changes.load(Ordering::SeqCst)
         }
 
         /// Waits until [`Self::bump`] moved past `seen`, at most `timeout`.
         fn wait_change(&self, seen: u64, timeout: Duration) {
-            let g = self.changes.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = self.changed.wait_timeout_while(g, timeout, |c| *c == seen);
+            self.waiters.fetch_add(1, Ordering::SeqCst);
+            let g = self.wait_lock.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = self
+                .changed
+                .wait_timeout_while(g, timeout, |_| self.changes() == seen);
+            self.waiters.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
