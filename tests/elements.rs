@@ -234,6 +234,72 @@ fn held_frames_stay_intact_while_the_ring_goes_round() {
     );
 }
 
+/// Buffers an app keeps after its gpushmsrc pipeline went to NULL keep their slots: the
+/// producer goes round the ring many times without writing over them and never waits for the
+/// closed lossless consumer, and forgets it once the last buffer is dropped.
+#[test]
+fn buffers_kept_after_the_src_went_to_null_are_not_overwritten() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("null.sock");
+    let mut sink = sink_harness_with(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+        |e| e.set_property("slots", 8u32),
+    );
+    let sink_el = sink.element().unwrap();
+    let mut src = src_harness(&sock, true);
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    until("the consumer", &|| sink_el.property::<u32>("num-clients") == 1);
+    let same = |b: &gst::Buffer| {
+        let expect = gray_frame(b.offset(), 64, 48);
+        let equal =
+            b.map_readable().unwrap().as_slice() == expect.map_readable().unwrap().as_slice();
+        equal
+    };
+    let kept: Vec<gst::Buffer> = (0..2u64)
+        .map(|n| {
+            assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
+            let b = src.pull().expect("a buffer");
+            assert!(same(&b));
+            b
+        })
+        .collect();
+    assert_eq!(src.element().unwrap().property::<u64>("frames-copied"), 0);
+    src.element()
+        .unwrap()
+        .set_state(gst::State::Null)
+        .unwrap();
+    drop(src);
+    until("the close", &|| sink_el.property::<u32>("num-clients") == 0);
+    // Eight times round the six slots left.
+    for n in 2..50u64 {
+        assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    }
+    for b in &kept {
+        assert!(same(b), "frame {} was overwritten after NULL", b.offset());
+    }
+    let clients = |s: &gst::Structure| s.get::<gst::Array>("clients").unwrap().len();
+    let stats = sink_el.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("times-lagged").unwrap(), 0, "{stats}");
+    assert_eq!(clients(&stats), 1, "{stats}");
+    let c = stats.get::<gst::Array>("clients").unwrap().as_slice()[0]
+        .get::<gst::Structure>()
+        .unwrap();
+    assert!(c.get::<bool>("closed").unwrap(), "{c}");
+    assert_eq!(c.get::<u32>("held-slots").unwrap(), 2, "{c}");
+    drop(kept);
+    until("the consumer's last buffer to close it", &|| {
+        clients(&sink_el.property::<gst::Structure>("stats")) == 0
+    });
+}
+
 /// A buffer of gpushmsink's pool pushed again while a consumer still holds the frame it
 /// carried the first time (a tee, a repeated frame): the second push goes out as a copy in
 /// another slot, and the held frame keeps its bytes.

@@ -35,6 +35,7 @@ const CORPUS: &[(&str, &[u8])] = corpus_files!(
     "bad-version",
     "bad-zeros",
     "ok-caps",
+    "ok-close",
     "ok-eos",
     "ok-error",
     "ok-hello",
@@ -161,6 +162,7 @@ fn generate_corpus() -> Vec<(String, Vec<u8>)> {
             },
         ),
         ("ok-eos", Message::Eos),
+        ("ok-close", Message::Close),
         ("ok-error", Message::Error { message: "protocol version 9 is not supported".into() }),
     ];
     let mut files: Vec<(String, Vec<u8>)> = valid

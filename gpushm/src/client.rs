@@ -2,13 +2,38 @@
 //! A consumer's connection to a producer: handshake, ring mappings, caps, and frames taken from
 //! the delivery queue. Each frame comes with a [`SlotLease`] that gives the slot back when
 //! dropped, on whatever thread that happens.
-
+//!
+//! # Held frames
+//!
+//! The one rule every binding (Rust, gpushmsrc, Python, C) follows, because they all hold
+//! frames through a [`SlotLease`]:
+//!
+//! - **A frame's slot is never reused while any lease on it lives**, whatever happens to the
+//!   [`Subscriber`] (or gpushmsrc element, or Python object) it came from. A Python view, a
+//!   DLPack tensor or a GstBuffer made from a frame holds its lease; the slot goes back to the
+//!   producer when the last of them is gone.
+//! - **Closing a subscriber** (dropping it, `close()`, gpushmsrc going to NULL) tells the
+//!   producer (a `Close` message) that it takes no more frames. The producer delivers nothing
+//!   more, never waits for it (even a lossless one), takes back the frames it delivered that
+//!   were not taken yet, and leaves the held ones alone. The connection's socket stays open,
+//!   owned by the leases, until the last one is dropped: then the producer sees it close and
+//!   knows that nothing is held any more.
+//! - **The one exception: a consumer the producer cuts.** A producer that has to go on cuts a
+//!   consumer that holds more than its fair share of the ring for so long that it has no slot
+//!   left to fill ([`crate::publisher::STARVATION_TIMEOUT`]); a consumer that keeps within its
+//!   share is never cut. A cut consumer is told why (an `Error` message), and from then on
+//!   [`SlotLease::is_valid`] is false and [`SlotLease::revoked`] says why: every binding
+//!   refuses to make new views of its frames. Memory views already handed out (a NumPy array, a
+//!   tensor, a mapped GstBuffer) cannot be taken back: **they may then see newer frames**.
+//! - A producer that stops or dies does not revalidate anything: its ring stays mapped in the
+//!   consumer, and nobody writes it any more, so frames held stay valid.
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -32,9 +57,43 @@ struct Releaser {
     leases: AtomicUsize,
     /// Frames copied out of the ring instead of being kept zero-copy.
     copied: AtomicU64,
+    /// Why the producer cut us and took our slots back: frames we hold may be overwritten.
+    revoked: OnceLock<String>,
+    /// After the [`Connection`] closed: its socket, owned by the leases (this struct) so that
+    /// the producer keeps our slots while they live. Read only to learn whether the producer
+    /// cut us.
+    closed_link: Mutex<Option<Conn>>,
 }
 
 impl Releaser {
+    /// Why our frames are no longer ours, if the producer cut us. After the connection
+    /// closed, what the producer sent since is read first (without blocking).
+    fn revoked(&self) -> Option<&str> {
+        if self.revoked.get().is_none() {
+            let mut link = self.closed_link.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(conn) = link.as_mut() {
+                loop {
+                    match conn.try_recv() {
+                        Ok(Some((Message::Error { message }, _))) => {
+                            let _ = self.revoked.set(message);
+                            break;
+                        }
+                        // Ring, Caps or Eos sent before the producer read our Close.
+                        Ok(Some(_)) => {}
+                        Ok(None) => break,
+                        // The producer is gone: nobody writes the ring any more, and there is
+                        // nothing left to learn from the socket.
+                        Err(_) => {
+                            *link = None;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        self.revoked.get().map(|s| s.as_str())
+    }
+
     /// Gives `e` back, after any release still waiting.
     fn release(&self, e: Entry) {
         self.leases.fetch_sub(1, Ordering::AcqRel);
@@ -74,6 +133,18 @@ impl SlotLease {
     /// The mapping the frame is in.
     pub fn ring(&self) -> &Arc<ConsumerRing> {
         &self.ring
+    }
+
+    /// Whether the frame is still ours: false once the producer cut this consumer and took its
+    /// slots back (see "Held frames" in [`crate::client`]). While the subscriber is open this
+    /// is what it last read from the producer; after it closed, the socket is looked at.
+    pub fn is_valid(&self) -> bool {
+        self.releaser.revoked().is_none()
+    }
+
+    /// Why the frame is no longer ours (the producer's message), if it is not.
+    pub fn revoked(&self) -> Option<String> {
+        self.releaser.revoked().map(str::to_string)
     }
 }
 
@@ -176,7 +247,8 @@ pub enum Wait {
 }
 
 pub(crate) struct Connection {
-    conn: Conn,
+    /// Moved into the releaser when the connection is dropped (see `Drop`).
+    conn: ManuallyDrop<Conn>,
     client_id: u32,
     ready: EventFd,
     releaser: Arc<Releaser>,
@@ -323,7 +395,7 @@ impl Connection {
         let ready = shm::check_eventfd(ready, "frame-ready eventfd")?;
         let release = shm::check_eventfd(release, "slot-released eventfd")?;
         let mut c = Self {
-            conn,
+            conn: ManuallyDrop::new(conn),
             client_id,
             ready,
             releaser: Arc::new(Releaser {
@@ -332,6 +404,8 @@ impl Connection {
                 backlog: Mutex::new(Vec::new()),
                 leases: AtomicUsize::new(0),
                 copied: AtomicU64::new(0),
+                revoked: OnceLock::new(),
+                closed_link: Mutex::new(None),
             }),
             rings: VecDeque::new(),
             caps: VecDeque::new(),
@@ -456,6 +530,8 @@ impl Connection {
                 }
                 Message::Eos => self.eos = true,
                 Message::Error { message } => {
+                    // It cut us: every slot we held is the producer's again.
+                    let _ = self.releaser.revoked.set(message.clone());
                     self.gone = Some(Error::Refused(format!(
                         "the producer closed the connection: {message}"
                     )));
@@ -566,6 +642,33 @@ impl Connection {
         self.always_wake.store(true, Ordering::Relaxed);
         self.releaser.ch.set_waiting(true);
         self.ready.as_raw_fd()
+    }
+}
+
+impl Drop for Connection {
+    /// Tells the producer we take no more frames, and hands the socket to the leases: the
+    /// producer keeps the slots of frames still held until the last lease is gone.
+    fn drop(&mut self) {
+        let releaser = self.releaser.clone();
+        let held = || releaser.leases.load(Ordering::Acquire) > 0;
+        if self.gone.is_none() && held() {
+            // What the producer sent before is read now: an Error in it means our frames are
+            // already gone (and the producer gone or cut us: nothing left to keep open).
+            let _ = self.pump();
+        }
+        // SAFETY: taken once, here; the field is not used after.
+        let conn = unsafe { ManuallyDrop::take(&mut self.conn) };
+        if self.gone.is_some() || !held() {
+            // Nothing held, or nobody left to keep slots for: closing the socket says it all.
+            return;
+        }
+        // A send that fails (the producer went away meanwhile) changes nothing.
+        let _ = conn.send(&Message::Close, &[]);
+        *self
+            .releaser
+            .closed_link
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(conn);
     }
 }
 
@@ -810,5 +913,141 @@ impl Subscriber {
     /// the frame-ready eventfd and the control socket (news, or the producer's end).
     pub fn poll_fds(&self) -> [RawFd; 2] {
         [self.conn.ready_fd(), self.conn.socket_fd()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::{FrameLayout, VideoFormat};
+    use crate::publisher::{Config, FramePublisher};
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "gpushm-client-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn until(what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn publish(cam: &FramePublisher, value: u8) {
+        let mut s = cam.acquire(Duration::from_secs(5)).unwrap();
+        s.bytes_mut().fill(value);
+        cam.publish(s, None).unwrap();
+    }
+
+    fn camera(dir: &Path, slots: u32) -> FramePublisher {
+        let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
+        FramePublisher::new(&dir.join("cam"), layout, (1000, 1), slots, Config::default())
+            .unwrap()
+    }
+
+    fn connect(dir: &Path, lossless: bool) -> Subscriber {
+        let opts = ConnectOptions {
+            lossless,
+            ..Default::default()
+        };
+        Subscriber::connect(&dir.join("cam"), opts).unwrap()
+    }
+
+    fn take(sub: &mut Subscriber) -> Frame {
+        sub.next_frame(Some(Duration::from_secs(5)))
+            .unwrap()
+            .expect("a frame")
+    }
+
+    fn filled_with(f: &Frame, v: u8) -> bool {
+        f.to_vec().iter().all(|&b| b == v)
+    }
+
+    /// A frame kept after its subscriber is gone keeps its slot while the producer goes round
+    /// the ring many times, and a closed lossless subscriber never holds the producer up; the
+    /// producer forgets the subscriber once the last frame is dropped.
+    #[test]
+    fn a_lease_outliving_its_subscriber_is_not_reused() {
+        for lossless in [false, true] {
+            let dir = scratch(&format!("outlive-{lossless}"));
+            let cam = camera(&dir, 4);
+            let mut sub = connect(&dir, lossless);
+            until("the client", || cam.num_clients() == 1);
+            publish(&cam, 1);
+            let kept = take(&mut sub);
+            assert!(filled_with(&kept, 1));
+            // Delivered but not taken: goes back to the producer on close.
+            publish(&cam, 2);
+            drop(sub);
+            until("the close", || cam.num_clients() == 0);
+            for n in 3..200u32 {
+                publish(&cam, n as u8);
+            }
+            assert!(filled_with(&kept, 1), "a held frame was overwritten");
+            assert!(kept.lease.is_valid());
+            let (stats, clients) = cam.stats();
+            assert_eq!(stats.times_lagged, 0, "the producer waited for a closed client");
+            assert_eq!(clients.len(), 1);
+            assert!(clients[0].closed && clients[0].held == 1, "{clients:?}");
+            drop(kept);
+            until("the last lease to close the connection", || {
+                cam.stats().1.is_empty()
+            });
+            drop(cam);
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
+
+    /// Two consumers that each hold their share of the ring (all of it, together) are never
+    /// cut; one that holds more than its share while all slots are held is, after it closed
+    /// too: its frames then say they are no longer valid, and why.
+    #[test]
+    fn only_a_consumer_over_its_share_is_cut_and_its_frames_say_so() {
+        let dir = scratch("cut");
+        let cam = camera(&dir, 4);
+        let mut a = connect(&dir, true);
+        let mut b = connect(&dir, true);
+        until("two clients", || cam.num_clients() == 2);
+        // a keeps frames 1 and 2, b frames 3 and 4: every slot held, each at its share (2).
+        publish(&cam, 1);
+        publish(&cam, 2);
+        let a1 = take(&mut a);
+        let a2 = take(&mut a);
+        drop((take(&mut b), take(&mut b)));
+        publish(&cam, 3);
+        publish(&cam, 4);
+        let b3 = take(&mut b);
+        let b4 = take(&mut b);
+        std::thread::sleep(super::super::publisher::STARVATION_TIMEOUT * 3);
+        assert_eq!(cam.num_clients(), 2, "a client within its share was cut");
+        assert!(a1.lease.is_valid() && b3.lease.is_valid());
+        // A third consumer: the share is now one slot. b lets one frame go (now within its
+        // share); a closes and keeps two: a alone is over its share and gets cut.
+        let mut c = connect(&dir, false);
+        until("three clients", || cam.num_clients() == 3);
+        drop(b4);
+        publish(&cam, 5);
+        let c5 = take(&mut c);
+        assert!(filled_with(&c5, 5));
+        drop(c5);
+        drop(take(&mut b));
+        // Every slot is held again: a 2 (closed), b 1, c 1.
+        publish(&cam, 6);
+        let c6 = take(&mut c);
+        drop(take(&mut b));
+        drop(a);
+        until("a's frames to be revoked", || !a1.lease.is_valid());
+        let why = a2.lease.revoked().unwrap();
+        assert!(why.contains("more than its share"), "{why}");
+        assert!(b3.lease.is_valid() && c6.lease.is_valid());
+        assert!(filled_with(&b3, 3) && filled_with(&c6, 6));
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -102,6 +102,8 @@ pub struct ClientStats {
     pub copied: u64,
     pub lagging: bool,
     pub times_lagged: u64,
+    /// It closed (takes no more frames) and keeps frames it still holds.
+    pub closed: bool,
 }
 
 /// Gives a parked slot owner back to whoever lends slots (a buffer pool), once no client
@@ -135,6 +137,9 @@ struct Client {
     taken_at_lag: u64,
     /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
     writable: bool,
+    /// It sent Close: it takes no more frames and only keeps those it holds, never waited
+    /// for, until it releases them or its socket closes.
+    closed: bool,
 }
 
 impl Client {
@@ -436,8 +441,10 @@ impl<P: Send + 'static> Publisher<P> {
         self.released.notify_all();
     }
 
+    /// Consumers connected and taking frames (closed ones that still hold frames are not
+    /// counted; [`Self::stats`] lists them).
     pub fn num_clients(&self) -> usize {
-        lock(&self.inner).clients.len()
+        lock(&self.inner).clients.iter().filter(|c| !c.closed).count()
     }
 
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
@@ -457,6 +464,7 @@ impl<P: Send + 'static> Publisher<P> {
                 copied: c.ch.copied(),
                 lagging: c.lagging,
                 times_lagged: c.times_lagged,
+                closed: c.closed,
             })
             .collect();
         (inner.stats, clients)
@@ -608,7 +616,7 @@ impl<P: Send + 'static> Publisher<P> {
     ) -> Result<Published> {
         let mut guard = lock(&self.inner);
         if wait_for_client {
-            while guard.clients.is_empty() && !guard.unlocked && !guard.shutdown {
+            while guard.clients.iter().all(|c| c.closed) && !guard.unlocked && !guard.shutdown {
                 guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
         }
@@ -650,7 +658,7 @@ impl<P: Send + 'static> Publisher<P> {
             for c in inner
                 .clients
                 .iter_mut()
-                .filter(|c| c.lossless && !c.lagging)
+                .filter(|c| c.lossless && !c.lagging && !c.closed)
             {
                 match c.ch.sync_taken() {
                     Ok(()) if c.refs() >= policy.budget => full.push(c.id),
@@ -717,7 +725,7 @@ impl<P: Send + 'static> Publisher<P> {
         };
         let mut failed = Vec::new();
         let mut released = Vec::new();
-        for c in inner.clients.iter_mut() {
+        for c in inner.clients.iter_mut().filter(|c| !c.closed) {
             let r = (|| -> Result<bool> {
                 if late.contains(&c.id) {
                     // It took nothing for a whole max-wait: from now on it is served like a
@@ -1054,22 +1062,42 @@ impl<P: Send + 'static> Publisher<P> {
         }
         let mut back = Vec::new();
         let mut done_pending = Vec::new();
+        // Frames closed clients had not taken, back to the producer.
+        let mut released = Vec::new();
         for k in ready {
             match k {
                 Kind::Wake => shm::drain(&self.wake),
                 Kind::Listen => self.accept_all(&mut inner),
                 Kind::Pending(i) => done_pending.push(i),
                 Kind::Socket(id) => {
-                    // Clients send nothing after Hello: readable means gone, or misbehaving.
+                    // Clients send nothing after Hello but Close, once: readable means that,
+                    // gone, or misbehaving.
+                    let inner = &mut *inner;
                     if let Some(c) = inner.clients.iter_mut().find(|c| c.id == id) {
-                        let why = match c.conn.try_recv() {
-                            Ok(None) => None,
-                            Ok(Some((m, _))) => Some(format!("unexpected {m:?} from the client")),
-                            Err(Error::Disconnected) => Some("the client went away".to_string()),
-                            Err(e) => Some(e.to_string()),
+                        let why = loop {
+                            match c.conn.try_recv() {
+                                Ok(None) => break None,
+                                Ok(Some((Message::Close, _))) if !c.closed => {
+                                    match Self::close_client(c, &mut inner.stats) {
+                                        Ok(list) => released.extend(list),
+                                        Err(e) => break Some(e.to_string()),
+                                    }
+                                    inner.events.push(Event::Info(format!(
+                                        "client {id} closed; it keeps the {} frames it holds until it releases them",
+                                        c.refs()
+                                    )));
+                                }
+                                Ok(Some((m, _))) => {
+                                    break Some(format!("unexpected {m:?} from the client"))
+                                }
+                                Err(Error::Disconnected) => {
+                                    break Some("the client went away".to_string())
+                                }
+                                Err(e) => break Some(e.to_string()),
+                            }
                         };
                         if let Some(why) = why {
-                            self.drop_client(&mut inner, id, why);
+                            self.drop_client(inner, id, why);
                         }
                     }
                 }
@@ -1080,6 +1108,9 @@ impl<P: Send + 'static> Publisher<P> {
                     }
                 }
             }
+        }
+        for e in released {
+            Self::unref_slot(&mut inner, e, &mut back);
         }
         // Every round (at least every 100 ms with clients), whether a client woke us or not:
         // clients write their eventfd only while someone waits for a slot.
@@ -1108,28 +1139,48 @@ impl<P: Send + 'static> Publisher<P> {
         true
     }
 
+    /// A client sent Close: it is served no more frames and never waited for; what was
+    /// delivered to it and not taken goes back (returned here), what it holds stays its own.
+    fn close_client(c: &mut Client, stats: &mut Stats) -> Result<Vec<Entry>> {
+        c.closed = true;
+        c.lossless = false;
+        c.lagging = false;
+        let mut back = Vec::new();
+        while let Some(e) = c.ch.revoke_oldest()? {
+            back.push(e);
+            stats.frames_dropped += 1;
+        }
+        Ok(back)
+    }
+
     /// Clients that keep every slot of the ring (taking frames and never giving them back,
     /// or several frozen at once) would stop the producer for good: past
-    /// [`STARVATION_TIMEOUT`] the one holding most is disconnected, which gives its slots back.
+    /// [`STARVATION_TIMEOUT`] the one holding most is disconnected, which gives its slots back,
+    /// if it holds more than its fair share (the ring's slots over the clients, at least
+    /// one): a client within its share is never cut, and slots held by clients that all keep
+    /// within theirs come back as they release them.
     fn check_starvation(&self, inner: &mut Inner<P>, now: Instant) {
-        let starved = inner
+        let Some(slots) = inner
             .rings
             .last()
-            .is_some_and(|r| r.slots.iter().all(|s| s.client_refs > 0));
-        if !starved {
+            .filter(|r| r.slots.iter().all(|s| s.client_refs > 0))
+            .map(|r| r.slots.len())
+        else {
             inner.starved_since = None;
             return;
-        }
+        };
         let since = *inner.starved_since.get_or_insert(now);
         if now.duration_since(since) < STARVATION_TIMEOUT {
             return;
         }
         inner.starved_since = None;
+        let share = (slots / inner.clients.len().max(1)).max(1);
         let Some((id, refs)) = inner
             .clients
             .iter()
             .map(|c| (c.id, c.refs()))
             .max_by_key(|&(_, r)| r)
+            .filter(|&(_, r)| r > share)
         else {
             return;
         };
@@ -1137,7 +1188,7 @@ impl<P: Send + 'static> Publisher<P> {
             inner,
             id,
             format!(
-                "clients held every slot of the ring for {STARVATION_TIMEOUT:?}; this one held {refs}: disconnected so that the producer can go on"
+                "clients held every slot of the ring for {STARVATION_TIMEOUT:?}; this one held {refs}, more than its share of {share}: cut so that the producer can go on (frames it still holds may be overwritten)"
             ),
         );
     }
@@ -1298,6 +1349,7 @@ impl<P: Send + 'static> Publisher<P> {
                 times_lagged: 0,
                 taken_at_lag: 0,
                 writable,
+                closed: false,
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {

@@ -22,10 +22,21 @@
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
 //! | 6 Error   | either     | message str | – |
+//! | 7 Close   | src → sink | – | – |
 //!
 //! The handshake: the src sends Hello; the sink answers Welcome, then Ring and Caps if it has
 //! them (and Eos if the stream already ended). Ring and Caps are sent again whenever they change,
 //! always before the first frame that uses them is delivered.
+//!
+//! Close: the consumer takes no more frames but still holds some (its app keeps views of
+//! them). The producer delivers nothing more to it, never waits for it, takes back what it
+//! delivered and the consumer had not taken, and leaves every frame the consumer holds alone
+//! until the consumer releases it or closes the socket (see [`crate::client`], "Held frames").
+//! An Error from the producer after Welcome means it cut the consumer and took back all of its
+//! slots.
+//!
+//! Version 3 added Close (version 2 peers refuse version 3 messages with a readable error:
+//! "protocol version 3 is not supported (this side speaks 2)").
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -39,7 +50,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use super::{Error, Result};
 
 pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
@@ -79,6 +90,8 @@ pub enum Message {
     Error {
         message: String,
     },
+    /// The consumer takes no more frames; it keeps those it holds until it releases them.
+    Close,
 }
 
 impl Message {
@@ -90,6 +103,7 @@ impl Message {
             Message::Caps { .. } => 4,
             Message::Eos => 5,
             Message::Error { .. } => 6,
+            Message::Close => 7,
         }
     }
 
@@ -135,7 +149,7 @@ impl Message {
                 p.extend_from_slice(&caps_gen.to_le_bytes());
                 put_str(&mut p, caps);
             }
-            Message::Eos => {}
+            Message::Eos | Message::Close => {}
             Message::Error { message } => put_str(&mut p, message),
         }
         let mut out = Vec::with_capacity(HEADER_LEN + p.len());
@@ -220,6 +234,7 @@ impl Message {
             },
             5 => Message::Eos,
             6 => Message::Error { message: r.str()? },
+            7 => Message::Close,
             k => return Err(Error::protocol(format!("unknown message kind {k}"))),
         };
         if !r.buf.is_empty() {
@@ -580,6 +595,7 @@ mod tests {
             Message::Error {
                 message: "über".into(),
             },
+            Message::Close,
         ]
     }
 

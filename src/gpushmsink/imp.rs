@@ -201,6 +201,7 @@ impl GpuShmSink {
                     .field("frames-copied", c.copied)
                     .field("lagging", c.lagging)
                     .field("times-lagged", c.times_lagged)
+                    .field("closed", c.closed)
                     .build()
             })
             .collect();
@@ -675,7 +676,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds)")
                     .read_only()
                     .build(),
             ]
