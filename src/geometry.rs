@@ -23,3 +23,67 @@ pub fn plane_row_bytes(info: &gst_video::VideoInfo, p: usize) -> usize {
         .max()
         .unwrap_or(0)
 }
+
+/// What one pixel of plane `p` holds, published with every frame so that consumers view any
+/// format without a table of their own (see `gpushm::format::Components`): the bytes of one
+/// component, how many a pixel holds (padding like BGRx's x included), and the byte order.
+/// Components of 10 or 12 bits count as the word each sits in (I420_10LE: 2 bytes), or the
+/// whole pixel as one word when they share it (RGB10A2_LE: 4 bytes); formats with no fixed
+/// pixel stride (v210, UYVP) get none: consumers read those as bytes.
+pub fn plane_components(info: &gst_video::VideoInfo, p: usize) -> gpushm::format::Components {
+    let finfo = info.format_info();
+    let Some(c) = components_of_plane(info, p).next() else {
+        return Default::default();
+    };
+    let ps = finfo.pixel_stride()[c as usize].max(0) as u32;
+    let bits = finfo.bits();
+    let (bytes, per_pixel) = if ps == 0 {
+        (0, 0)
+    } else if bits.is_multiple_of(8) {
+        (bits / 8, ps.checked_div(bits / 8).unwrap_or(0))
+    } else {
+        // Components not of whole bytes, each in a word of its own (I420_10LE: 10 bits in 16),
+        // or packed together in one word a pixel (RGB10A2_LE: one 32-bit word).
+        let n = components_of_plane(info, p).count().max(1) as u32;
+        let depth = finfo.depth()[c as usize];
+        match ps / n {
+            w @ (2 | 4 | 8) if ps.is_multiple_of(n) && depth <= w * 8 => (w, n),
+            _ => (ps, 1),
+        }
+    };
+    if bytes == 0
+        || ![1, 2, 4, 8].contains(&bytes)
+        || !ps.is_multiple_of(bytes)
+        || per_pixel == 0
+        || per_pixel > u8::MAX as u32
+    {
+        return Default::default();
+    }
+    gpushm::format::Components {
+        bytes: bytes as u8,
+        per_pixel: per_pixel as u8,
+        big_endian: bytes > 1 && !finfo.flags().contains(gst_video::VideoFormatFlags::LE),
+    }
+}
+
+/// Fills the rows, visible bytes a row and components of each plane of `m` (whose strides
+/// are set): what a consumer needs to view the frame. A plane without a fixed pixel stride is
+/// published as whole rows of bytes; tiled formats get no rows (consumers read them whole).
+pub fn describe_planes(info: &gst_video::VideoInfo, m: &mut gpushm::frame::FrameMeta) {
+    let tiled = info.format_info().is_tiled();
+    for p in 0..(m.n_planes as usize).min(gpushm::layout::MAX_PLANES) {
+        if tiled {
+            m.plane_rows[p] = 0;
+            m.plane_row_bytes[p] = 0;
+            m.plane_components[p] = 0;
+            continue;
+        }
+        let c = plane_components(info, p);
+        m.plane_rows[p] = plane_rows(info, p) as u32;
+        m.plane_row_bytes[p] = match plane_row_bytes(info, p) as u32 {
+            0 => m.plane_stride[p],
+            n => n,
+        };
+        m.plane_components[p] = c.pack();
+    }
+}

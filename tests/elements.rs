@@ -256,7 +256,9 @@ fn buffers_kept_after_the_src_went_to_null_are_not_overwritten() {
             std::thread::sleep(Duration::from_millis(5));
         }
     };
-    until("the consumer", &|| sink_el.property::<u32>("num-clients") == 1);
+    until("the consumer", &|| {
+        sink_el.property::<u32>("num-clients") == 1
+    });
     let same = |b: &gst::Buffer| {
         let expect = gray_frame(b.offset(), 64, 48);
         let equal =
@@ -272,10 +274,7 @@ fn buffers_kept_after_the_src_went_to_null_are_not_overwritten() {
         })
         .collect();
     assert_eq!(src.element().unwrap().property::<u64>("frames-copied"), 0);
-    src.element()
-        .unwrap()
-        .set_state(gst::State::Null)
-        .unwrap();
+    src.element().unwrap().set_state(gst::State::Null).unwrap();
     drop(src);
     until("the close", &|| sink_el.property::<u32>("num-clients") == 0);
     // Eight times round the six slots left.
@@ -298,6 +297,103 @@ fn buffers_kept_after_the_src_went_to_null_are_not_overwritten() {
     until("the consumer's last buffer to close it", &|| {
         clients(&sink_el.property::<gst::Structure>("stats")) == 0
     });
+}
+
+/// Every raw format reaches the core crate's Subscriber with the geometry its producer
+/// published (rows, visible bytes, components a pixel), with no format table on that side:
+/// packed RGB in 4 and 3 bytes, gray in 8 and 16 bits, packed 4:2:2 and 10-bit semi-planar,
+/// odd sizes among them, and every visible byte equal to what was pushed.
+#[test]
+fn every_raw_format_reaches_the_core_subscriber_with_its_geometry() {
+    use gpushm::format::Components;
+    init();
+    // (format, width, height, components of each plane).
+    type Case = (&'static str, u32, u32, &'static [(u8, u8)]);
+    let cases: &[Case] = &[
+        ("BGRx", 33, 17, &[(1, 4)]),
+        ("RGBx", 64, 48, &[(1, 4)]),
+        ("BGRA", 31, 9, &[(1, 4)]),
+        ("ARGB", 16, 16, &[(1, 4)]),
+        ("RGB", 33, 17, &[(1, 3)]),
+        ("BGR", 10, 7, &[(1, 3)]),
+        ("GRAY8", 33, 17, &[(1, 1)]),
+        ("GRAY16_LE", 33, 17, &[(2, 1)]),
+        ("YUY2", 34, 17, &[(1, 2)]),
+        ("P010_10LE", 33, 17, &[(2, 1), (2, 2)]),
+        ("I420", 33, 17, &[(1, 1), (1, 1), (1, 1)]),
+        ("I420_10LE", 34, 18, &[(2, 1), (2, 1), (2, 1)]),
+        // 10:10:10:2 in one 32-bit word a pixel.
+        ("RGB10A2_LE", 9, 5, &[(4, 1)]),
+        ("UYVY", 64, 48, &[(1, 2)]),
+    ];
+    for &(format, w, h, comps) in cases {
+        let dir = tmpdir();
+        let sock = dir.path().join("fmt.sock");
+        let caps = format!("video/x-raw,format={format},width={w},height={h},framerate=30/1");
+        let mut sink = sink_harness(&sock, &caps);
+        let mut sub = gpushm::client::Subscriber::connect(
+            &sock,
+            gpushm::client::ConnectOptions {
+                lossless: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let info = gst_video::VideoInfo::from_caps(&gst::Caps::from_str(&caps).unwrap()).unwrap();
+        let data: Vec<u8> = (0..info.size()).map(|i| (i * 7 + i / 251) as u8).collect();
+        assert_eq!(
+            sink.push(gst::Buffer::from_slice(data.clone())),
+            Ok(gst::FlowSuccess::Ok)
+        );
+        let frame = sub
+            .next_frame(Some(Duration::from_secs(5)))
+            .unwrap()
+            .unwrap();
+        let g = frame.layout().unwrap_or_else(|e| panic!("{format}: {e}"));
+        assert_eq!((g.format.as_str(), g.width, g.height), (format, w, h));
+        assert_eq!(g.planes.len(), comps.len(), "{format}");
+        let bytes = frame.to_vec();
+        for (p, (plane, &(cb, cn))) in g.planes.iter().zip(comps).enumerate() {
+            assert_eq!(
+                plane.components,
+                Components::new(cb, cn),
+                "{format} plane {p}"
+            );
+            assert_eq!(
+                plane.rows as usize,
+                gstgpushm::pattern::plane_rows(&info, p)
+            );
+            let width = info.comp_width(
+                info.format_info()
+                    .plane()
+                    .iter()
+                    .position(|&x| x as usize == p)
+                    .unwrap() as u8,
+            );
+            assert_eq!(
+                plane.row_bytes,
+                width * plane.components.pixel_bytes(),
+                "{format} plane {p}"
+            );
+            assert_eq!(plane.offset as usize, info.offset()[p]);
+            assert_eq!(plane.stride as i32, info.stride()[p]);
+            for r in 0..plane.rows as usize {
+                let at = plane.offset as usize + r * plane.stride as usize;
+                let row = at..at + plane.row_bytes as usize;
+                assert!(
+                    bytes[row.clone()] == data[row],
+                    "{format} plane {p} row {r}"
+                );
+            }
+        }
+        // One plane of whole components: viewable as height x width x components.
+        assert_eq!(g.packed().is_some(), comps.len() == 1, "{format}");
+    }
 }
 
 /// A buffer of gpushmsink's pool pushed again while a consumer still holds the frame it

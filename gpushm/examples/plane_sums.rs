@@ -114,7 +114,7 @@ fn main() {
         println!(
             "FRAME n={} format={} {}x{} pts={} plane_sums={} ok={ok}",
             frame.meta.offset,
-            layout.format.name(),
+            layout.format,
             layout.width,
             layout.height,
             frame.meta.pts,

@@ -717,10 +717,12 @@ fn connect_error(path: &Path, e: &std::io::Error) -> Error {
 }
 
 impl Frame {
-    /// The frame's layout, checked against its format and its slot (see
-    /// [`crate::format::FrameLayout::of_frame`]).
-    pub fn layout(&self) -> std::result::Result<crate::format::FrameLayout, String> {
-        crate::format::FrameLayout::of_frame(&self.meta)
+    /// The frame's layout as its producer published it, checked against its slot (see
+    /// [`crate::format::FrameGeometry::of_frame`]): any raw video format; an error for other
+    /// streams and layouts that cannot be viewed plane by plane ([`Self::to_vec`] and
+    /// [`Self::as_ptr`] still give the bytes).
+    pub fn layout(&self) -> std::result::Result<crate::format::FrameGeometry, String> {
+        crate::format::FrameGeometry::of_frame(&self.meta, &self.caps)
     }
 
     /// The frame's bytes (`meta.payload_size`), copied out of the ring.
@@ -752,7 +754,7 @@ impl Frame {
 /// let mut sub = Subscriber::connect("/tmp/cam".as_ref(), ConnectOptions::default()).unwrap();
 /// while let Some(frame) = sub.next_frame(None).unwrap() {
 ///     let layout = frame.layout().unwrap();
-///     println!("frame {} {:?} {}x{}", frame.meta.offset, layout.format, layout.width, layout.height);
+///     println!("frame {} {} {}x{}", frame.meta.offset, layout.format, layout.width, layout.height);
 /// }
 /// ```
 pub struct Subscriber {
@@ -923,10 +925,8 @@ mod tests {
     use crate::publisher::{Config, FramePublisher};
 
     fn scratch(name: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!(
-            "gpushm-client-test-{}-{name}",
-            std::process::id()
-        ));
+        let dir =
+            std::env::temp_dir().join(format!("gpushm-client-test-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
@@ -947,8 +947,14 @@ mod tests {
 
     fn camera(dir: &Path, slots: u32) -> FramePublisher {
         let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
-        FramePublisher::new(&dir.join("cam"), layout, (1000, 1), slots, Config::default())
-            .unwrap()
+        FramePublisher::new(
+            &dir.join("cam"),
+            layout,
+            (1000, 1),
+            slots,
+            Config::default(),
+        )
+        .unwrap()
     }
 
     fn connect(dir: &Path, lossless: bool) -> Subscriber {
@@ -992,7 +998,10 @@ mod tests {
             assert!(filled_with(&kept, 1), "a held frame was overwritten");
             assert!(kept.lease.is_valid());
             let (stats, clients) = cam.stats();
-            assert_eq!(stats.times_lagged, 0, "the producer waited for a closed client");
+            assert_eq!(
+                stats.times_lagged, 0,
+                "the producer waited for a closed client"
+            );
             assert_eq!(clients.len(), 1);
             assert!(clients[0].closed && clients[0].held == 1, "{clients:?}");
             drop(kept);

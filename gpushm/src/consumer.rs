@@ -241,6 +241,9 @@ impl ConsumerRing {
         for i in 0..MAX_PLANES {
             m.plane_offset[i] = d.plane_offset[i].load(r);
             m.plane_stride[i] = d.plane_stride[i].load(r);
+            m.plane_rows[i] = d.plane_rows[i].load(r);
+            m.plane_row_bytes[i] = d.plane_row_bytes[i].load(r);
+            m.plane_components[i] = d.plane_components[i].load(r);
         }
         m.latency = d.latency.load(r);
         m.live = d.stream_flags.load(r) & STREAM_LIVE != 0;

@@ -24,6 +24,12 @@ pub struct FrameMeta {
     pub n_planes: u32,
     pub plane_offset: [u64; MAX_PLANES],
     pub plane_stride: [u32; MAX_PLANES],
+    /// Rows of each plane (0: not published).
+    pub plane_rows: [u32; MAX_PLANES],
+    /// Visible bytes of a row of each plane.
+    pub plane_row_bytes: [u32; MAX_PLANES],
+    /// Each plane's components, packed ([`crate::format::Components::pack`]).
+    pub plane_components: [u32; MAX_PLANES],
     /// The producer pipeline's latency in ns (`NONE_U64`: unknown).
     pub latency: u64,
     pub timecode: Option<TimeCode>,

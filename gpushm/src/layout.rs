@@ -30,8 +30,11 @@ use std::sync::atomic::{AtomicU32, AtomicU64};
 pub const RING_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMR1");
 /// "GPUSHMC1" little-endian.
 pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
-/// Bumped whenever any struct in this file changes.
-pub const LAYOUT_VERSION: u32 = 3;
+/// Bumped whenever any struct in this file changes. Version 4 added each plane's rows, visible
+/// bytes per row and components ([`SlotDesc::plane_rows`]): a consumer of version 3 refuses a
+/// version 4 ring (and the other way round) with "ring layout version 4 is not supported (this
+/// side reads 3)", gpushmsrc as an element error at connection.
+pub const LAYOUT_VERSION: u32 = 4;
 
 pub const MAX_PLANES: usize = 4;
 /// Upper bound for the slot count of one ring.
@@ -118,7 +121,15 @@ pub struct SlotDesc {
     /// [`STREAM_LIVE`]: the producer's pipeline is live (it drops frames while it waits).
     pub stream_flags: AtomicU32,
     pub _reserved1: AtomicU32,
-    pub _reserved: [AtomicU64; 7],
+    /// Rows of each plane (raw video; 0: not published, e.g. a tiled format).
+    pub plane_rows: [AtomicU32; MAX_PLANES],
+    /// Visible bytes of one row of each plane (the rest of the stride is padding).
+    pub plane_row_bytes: [AtomicU32; MAX_PLANES],
+    /// What one pixel of each plane holds, packed by [`crate::format::Components::pack`]:
+    /// bytes of one component (0: components are not whole bytes, like v210), components a
+    /// pixel, byte order. With these a consumer views any format without a table of its own.
+    pub plane_components: [AtomicU32; MAX_PLANES],
+    pub _reserved: [AtomicU64; 1],
 }
 
 /// `SlotDesc::stream_flags` bit: the producer's pipeline is live.
@@ -192,6 +203,8 @@ const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 72);
 const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 76);
 const _: () = assert!(offset_of!(SlotDesc, latency) == 152);
 const _: () = assert!(offset_of!(SlotDesc, tc_flags) == 160);
+const _: () = assert!(offset_of!(SlotDesc, plane_rows) == 200);
+const _: () = assert!(offset_of!(SlotDesc, plane_components) == 232);
 
 /// Geometry of a ring memfd, computed by the producer and re-derived and checked by consumers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -195,6 +195,9 @@ impl ProducerRing {
         for i in 0..MAX_PLANES {
             d.plane_offset[i].store(m.plane_offset[i], r);
             d.plane_stride[i].store(m.plane_stride[i], r);
+            d.plane_rows[i].store(m.plane_rows[i], r);
+            d.plane_row_bytes[i].store(m.plane_row_bytes[i], r);
+            d.plane_components[i].store(m.plane_components[i], r);
         }
         d.latency.store(m.latency, r);
         let tc = m.timecode.unwrap_or_default();

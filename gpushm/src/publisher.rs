@@ -444,7 +444,11 @@ impl<P: Send + 'static> Publisher<P> {
     /// Consumers connected and taking frames (closed ones that still hold frames are not
     /// counted; [`Self::stats`] lists them).
     pub fn num_clients(&self) -> usize {
-        lock(&self.inner).clients.iter().filter(|c| !c.closed).count()
+        lock(&self.inner)
+            .clients
+            .iter()
+            .filter(|c| !c.closed)
+            .count()
     }
 
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {

@@ -10,6 +10,16 @@ views into the shared ring, and on a CUDA machine hand them to PyTorch or CuPy i
             rgba = torch.from_dlpack(frame)        # CUDA tensor aliasing the ring
             print(frame.pts, rgba.float().mean().item())
 
+Every raw video format GStreamer knows comes through (BGRx and RGB as height × width ×
+channels, GRAY16 and 10-bit formats as uint16, planar ones plane by plane); other streams as
+their bytes.
+
+A frame, and every view, array or tensor made from it, keeps its slot in the ring until the
+last of them is gone, even after the subscriber is closed. The one exception is a subscriber
+the producer cuts for holding more than its share of the ring: ``Frame.valid`` turns False and
+views made before may show newer frames (the rule is written once, in the gpushm crate's
+``client`` module, "Held frames").
+
 No GStreamer or PyGObject is loaded; NumPy is the only dependency.
 """
 
@@ -17,6 +27,7 @@ from ._gpushm import (
     EndOfStream,
     Error,
     Frame,
+    FrameRevoked,
     FrameView,
     ProducerLost,
     Publisher,
@@ -30,6 +41,7 @@ __all__ = [
     "EndOfStream",
     "Error",
     "Frame",
+    "FrameRevoked",
     "FrameView",
     "ProducerLost",
     "Publisher",

@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use gpushm::consumer::ConsumerRing;
 
-use crate::FrameData;
+use crate::frame::FrameData;
 
 static REGISTRATIONS: AtomicU64 = AtomicU64::new(0);
 /// Registering and attaching happen under one lock: two threads never register one range.

@@ -7,6 +7,7 @@ PyTorch or CuPy they fail, saying why: they never pass vacuously.
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -88,3 +89,63 @@ def test_no_cuda_context_without_gpu_use(launch, sock):
         "assert 'libcuda' not in open('/proc/self/maps').read(), 'libcuda was loaded'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=gst_env())
+
+
+def test_tensors_kept_after_close_stay_intact(launch, sock):
+    import cupy
+    import torch
+
+    launch(
+        f"videotestsrc is-live=true pattern=ball motion=sweep num-buffers=600 ! "
+        f"video/x-raw,format=RGBA,width=320,height=240,framerate=60/1 ! gpushmsink socket-path={sock} slots=4"
+    )
+    wait_for(sock)
+    sub = gpushm.Subscriber(sock, lossless=True)
+    f = sub.next_frame()
+    t = torch.from_dlpack(f)
+    c = cupy.from_dlpack(f)
+    snapshot = f.numpy().copy()
+    assert not np.array_equal(sub.next_frame().numpy(), snapshot), "the pattern moves"
+    sub.close()
+    del f
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert np.array_equal(t.cpu().numpy(), snapshot), "a torch tensor kept after close() changed"
+        assert np.array_equal(cupy.asnumpy(c), snapshot), "a CuPy array kept after close() changed"
+        time.sleep(0.05)
+    print("torch and CuPy views kept 1 s after close(): unchanged")
+
+
+GPU_EXIT_SCRIPT = """
+import sys, gpushm, torch, cupy
+sub = gpushm.Subscriber(sys.argv[1], lossless=True)
+frame = sub.next_frame()
+t = torch.from_dlpack(frame)          # alive at exit: its deleter runs after finalization
+c = cupy.from_dlpack(frame.cuda_planes()[0])
+print("HELD", tuple(t.shape), t.is_cuda, flush=True)
+"""
+
+
+def test_a_script_ending_with_live_tensors_exits_cleanly(launch, sock):
+    live(launch, sock, "RGBA", 320, 240)
+    for _ in range(3):
+        r = subprocess.run(
+            [sys.executable, "-c", GPU_EXIT_SCRIPT, sock],
+            capture_output=True, text=True, timeout=60, env=gst_env(),
+        )
+        assert r.returncode == 0, r.stderr
+        assert r.stderr == "", r.stderr
+        assert "HELD (240, 320, 4) True" in r.stdout
+
+
+def test_sixteen_bit_frames_reach_cupy_as_uint16(launch, sock):
+    import cupy
+
+    live(launch, sock, "GRAY16_LE", 321, 241)
+    with gpushm.Subscriber(sock) as sub:
+        f = sub.next_frame()
+        a = f.numpy()
+        assert a.dtype == np.dtype("<u2") and a.shape == (241, 321)
+        c = cupy.from_dlpack(f)
+        assert c.dtype == cupy.uint16 and c.shape == (241, 321)
+        assert np.array_equal(cupy.asnumpy(c), a)

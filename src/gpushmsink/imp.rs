@@ -498,6 +498,7 @@ impl GpuShmSink {
             m.plane_offset[i] = offsets[i] as u64;
             m.plane_stride[i] = strides[i].max(0) as u32;
         }
+        crate::geometry::describe_planes(info, &mut m);
         m
     }
 }
@@ -1090,6 +1091,7 @@ impl BaseSinkImpl for GpuShmSink {
                 meta.plane_offset[i] = info.offset()[i] as u64;
                 meta.plane_stride[i] = info.stride()[i].max(0) as u32;
             }
+            crate::geometry::describe_planes(info, &mut meta);
         }
         match publish(slot, meta)? {
             Published::Sent => {}

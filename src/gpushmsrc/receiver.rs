@@ -106,6 +106,8 @@ struct Stream {
     headers: Vec<gst::Buffer>,
 }
 
+// Frames are the common case: boxing them would cost an allocation per frame.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Item {
     Frame(Received),
     Eos,

@@ -1,0 +1,283 @@
+// SPDX-License-Identifier: MPL-2.0
+//! `Publisher` and its `Slot`s: frames from Python to any number of consumers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gpushm::format::{FrameLayout, VideoFormat};
+use gpushm::publisher::{Config, FramePublisher, SlotLease as PublishLease};
+use gpushm::Error as CoreError;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use crate::errors::{secs, to_py, Error};
+use crate::view::{asarray, Elem, Source, View};
+
+/// A slot lent to a Python publisher, to fill in place.
+pub struct WritableSlot {
+    lease: Mutex<Option<PublishLease>>,
+    pub ptr: usize,
+}
+
+/// Publishes frames to any number of gpushmsrc / Subscriber consumers at `path`.
+///
+/// `format` is "GRAY8", "I420", "NV12" or "RGBA". `publish(array)` copies a uint8 NumPy array
+/// (the whole frame in GStreamer's layout, or just its visible bytes) into the next free slot;
+/// `acquire()` lends a slot to fill in place (zero-copy) before `publish(slot)`.
+#[pyclass(module = "gpushm", name = "Publisher", frozen)]
+pub struct Publisher {
+    inner: Mutex<Option<Arc<FramePublisher>>>,
+    layout: FrameLayout,
+    /// Tells this publisher's slots from another's.
+    id: u64,
+}
+
+/// A free slot of a Publisher: fill its `planes` (writable NumPy views), drop them, then
+/// `publisher.publish(slot)`. Publishing refuses while a view of the slot is alive, and a
+/// published slot gives no more views: nothing writes into a frame consumers are reading.
+#[pyclass(module = "gpushm", name = "Slot", frozen)]
+pub struct Slot {
+    slot: Arc<WritableSlot>,
+    layout: FrameLayout,
+    publisher: u64,
+}
+
+static PUBLISHERS: AtomicU64 = AtomicU64::new(0);
+
+impl Publisher {
+    /// The engine, taken out of the lock: waits never hold it (nor the GIL).
+    fn engine(&self) -> PyResult<Arc<FramePublisher>> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::new_err("the publisher is closed"))
+    }
+
+    fn acquire_lease(&self, py: Python<'_>, timeout: f64) -> PyResult<PublishLease> {
+        let t = secs(Some(timeout))?.unwrap_or_default();
+        let p = self.engine()?;
+        py.detach(move || p.acquire(t)).map_err(to_py)
+    }
+}
+
+#[pymethods]
+impl Publisher {
+    #[new]
+    #[pyo3(signature = (path, format, width, height, fps=30.0, slots=8, perms=0o600))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        format: &str,
+        width: u32,
+        height: u32,
+        fps: Option<f64>,
+        slots: u32,
+        perms: u32,
+    ) -> PyResult<Self> {
+        let f = VideoFormat::from_name(format).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "format {format:?} is not one of GRAY8, I420, NV12, RGBA"
+            ))
+        })?;
+        let layout = FrameLayout::new(f, width, height).ok_or_else(|| {
+            PyValueError::new_err(format!("{width}x{height} is not a usable frame size"))
+        })?;
+        let fps = fps.unwrap_or(30.0);
+        if !(fps.is_finite() && fps > 0.0 && fps <= 10_000.0) {
+            return Err(PyValueError::new_err(format!(
+                "fps {fps} is not a frame rate"
+            )));
+        }
+        if !(2..=gpushm::layout::MAX_SLOTS).contains(&slots) {
+            return Err(PyValueError::new_err(format!(
+                "slots must be 2 to {}, not {slots}",
+                gpushm::layout::MAX_SLOTS
+            )));
+        }
+        let rate = ((fps * 1000.0).round() as u32, 1000);
+        let config = Config {
+            perms,
+            ..Default::default()
+        };
+        let l = layout.clone();
+        let p = py
+            .detach(move || FramePublisher::new(&path, l, rate, slots, config))
+            .map_err(|e| match e {
+                CoreError::Invalid(m) => PyValueError::new_err(m),
+                e => to_py(e),
+            })?;
+        Ok(Self {
+            inner: Mutex::new(Some(Arc::new(p))),
+            layout,
+            id: PUBLISHERS.fetch_add(1, Ordering::Relaxed),
+        })
+    }
+
+    /// A free slot to fill in place (waits up to `timeout` s for consumers to give one back).
+    #[pyo3(signature = (timeout=1.0))]
+    fn acquire(&self, py: Python<'_>, timeout: f64) -> PyResult<Slot> {
+        let mut lease = self.acquire_lease(py, timeout)?;
+        let ptr = lease.bytes_mut().as_mut_ptr() as usize;
+        Ok(Slot {
+            slot: Arc::new(WritableSlot {
+                lease: Mutex::new(Some(lease)),
+                ptr,
+            }),
+            layout: self.layout.clone(),
+            publisher: self.id,
+        })
+    }
+
+    /// Publishes a frame: a filled `Slot` (whose views are gone), or a uint8 NumPy array
+    /// (copied into a free slot). `capture_ns`: when it was captured (CLOCK_MONOTONIC ns,
+    /// `time.monotonic_ns()`), default now.
+    #[pyo3(signature = (frame, capture_ns=None, timeout=1.0))]
+    fn publish(
+        &self,
+        py: Python<'_>,
+        frame: &Bound<'_, PyAny>,
+        capture_ns: Option<u64>,
+        timeout: f64,
+    ) -> PyResult<()> {
+        let engine = self.engine()?;
+        let lease = if let Ok(slot) = frame.cast::<Slot>() {
+            let slot = slot.get();
+            if slot.publisher != self.id {
+                return Err(PyValueError::new_err(
+                    "this slot belongs to another Publisher",
+                ));
+            }
+            if Arc::strong_count(&slot.slot) > 1 {
+                return Err(Error::new_err(
+                    "views of this slot are still alive: drop them (del) before publishing, so nothing writes into a published frame",
+                ));
+            }
+            slot.slot
+                .lease
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .ok_or_else(|| Error::new_err("this slot was already published"))?
+        } else {
+            let np = py.import("numpy")?;
+            let arr = np.call_method1("asarray", (frame,))?;
+            if !arr.getattr("dtype")?.eq(np.getattr("uint8")?)? {
+                return Err(PyTypeError::new_err(format!(
+                    "frames are uint8 arrays, not {}",
+                    arr.getattr("dtype")?
+                )));
+            }
+            let visible: usize = self
+                .layout
+                .planes
+                .iter()
+                .map(|p| p.rows as usize * p.row_bytes as usize)
+                .sum();
+            let n: usize = arr.getattr("nbytes")?.extract()?;
+            if n != self.layout.size as usize && n != visible {
+                return Err(PyValueError::new_err(format!(
+                    "a {} {}x{} frame is {} bytes ({} visible), this array holds {n}",
+                    self.layout.format.name(),
+                    self.layout.width,
+                    self.layout.height,
+                    self.layout.size,
+                    visible
+                )));
+            }
+            // The slot first (waiting without the GIL), then the copy with the GIL held, so
+            // that no other thread can resize or free the array meanwhile.
+            let mut lease = self.acquire_lease(py, timeout)?;
+            let arr = np.call_method1("ascontiguousarray", (arr,))?;
+            let iface = arr.getattr("__array_interface__")?;
+            let (addr, _ro): (usize, bool) = iface.get_item("data")?.extract()?;
+            // SAFETY: `arr` is a contiguous uint8 array of n bytes at addr, alive and not
+            // resizable by others while we hold the GIL.
+            let src = unsafe { std::slice::from_raw_parts(addr as *const u8, n) };
+            let dst = lease.bytes_mut();
+            if n == self.layout.size as usize {
+                dst[..n].copy_from_slice(src);
+            } else {
+                let mut at = 0;
+                for p in &self.layout.planes {
+                    for r in 0..p.rows as usize {
+                        let o = p.offset as usize + r * p.stride as usize;
+                        let w = p.row_bytes as usize;
+                        dst[o..o + w].copy_from_slice(&src[at..at + w]);
+                        at += w;
+                    }
+                }
+            }
+            lease
+        };
+        py.detach(move || engine.publish(lease, capture_ns))
+            .map_err(to_py)
+    }
+
+    /// Consumers connected now.
+    #[getter]
+    fn num_clients(&self) -> PyResult<usize> {
+        Ok(self.engine()?.num_clients())
+    }
+
+    /// Tells every consumer that no frame follows.
+    fn send_eos(&self) -> PyResult<()> {
+        self.engine()?.send_eos();
+        Ok(())
+    }
+
+    /// Stops serving (consumers see the producer go away); the socket file is removed.
+    fn close(&self) {
+        let old = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+}
+
+#[pymethods]
+impl Slot {
+    /// Each plane as a writable 2-D uint8 NumPy view into the slot (until it is published).
+    #[getter]
+    fn planes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        if self
+            .slot
+            .lease
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
+            return Err(Error::new_err(
+                "this slot was published: it is no longer yours to write",
+            ));
+        }
+        let views = self
+            .layout
+            .planes
+            .iter()
+            .map(|p| {
+                asarray(
+                    py,
+                    View {
+                        source: Source::Slot(self.slot.clone()),
+                        shape: vec![p.rows as usize, p.row_bytes as usize],
+                        strides: vec![p.stride as isize, 1],
+                        offset: p.offset,
+                        elem: Elem::U8,
+                    },
+                )
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, views)
+    }
+}

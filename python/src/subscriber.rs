@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: MPL-2.0
+//! `Subscriber`: receives frames from a gpushmsink (or any gpushm publisher).
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpushm::client::{ConnectOptions, Subscriber as CoreSubscriber, Waker};
+use gpushm::Error as CoreError;
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+
+use crate::errors::{secs, to_py, EndOfStream, Error, Timeout};
+use crate::frame::Frame;
+
+/// Receives frames from a gpushmsink (or a gpushm Publisher) at `path`.
+///
+/// `lossless=True` makes the producer wait for this subscriber (up to its max-wait) instead of
+/// skipping frames it is too slow for. `timeout` (seconds, None = forever) applies to waiting
+/// for the producer and to each `next_frame()`. Frames are NumPy views into the ring: a frame
+/// you hold keeps its slot, and the producer has only so many (its `client-budget`).
+///
+/// Frames (and every view, array or tensor made from them) keep their slots until the last of
+/// them is gone, also after `close()`; see `Frame` and the gpushm crate's "Held frames".
+#[pyclass(module = "gpushm", name = "Subscriber", frozen)]
+pub struct Subscriber {
+    inner: Mutex<Option<CoreSubscriber>>,
+    waker: Waker,
+    poll: nix::sys::epoll::Epoll,
+    timeout: Option<Duration>,
+    cuda_device: i32,
+}
+
+impl Subscriber {
+    fn with<T>(&self, f: impl FnOnce(&mut CoreSubscriber) -> Result<T, CoreError>) -> PyResult<T> {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let sub = guard
+            .as_mut()
+            .ok_or_else(|| Error::new_err("the subscriber is closed"))?;
+        f(sub).map_err(to_py)
+    }
+
+    fn next_inner(&self, py: Python<'_>, timeout: Option<Duration>) -> PyResult<Option<Frame>> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            // Wait in slices with the GIL released, so Ctrl-C and other threads get through.
+            let slice = deadline.map_or(Duration::from_millis(100), |d| {
+                d.saturating_duration_since(Instant::now())
+                    .min(Duration::from_millis(100))
+            });
+            let r = py.detach(|| self.with(|s| s.next_frame(Some(slice))));
+            match r {
+                Ok(Some(f)) => return self.wrap(f).map(Some),
+                Ok(None) => return Ok(None),
+                Err(e) if e.is_instance_of::<Timeout>(py) => {
+                    py.check_signals()?;
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(Timeout::new_err(format!(
+                            "no frame from the producer within {:.3} s",
+                            timeout.unwrap_or_default().as_secs_f64()
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn wrap(&self, f: gpushm::client::Frame) -> PyResult<Frame> {
+        Ok(Frame::new(f, self.cuda_device))
+    }
+}
+
+#[pymethods]
+impl Subscriber {
+    #[new]
+    #[pyo3(signature = (path, lossless=false, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        lossless: bool,
+        timeout: Option<f64>,
+        name: Option<String>,
+        producer_uid: Option<u32>,
+        cuda_device: i32,
+    ) -> PyResult<Self> {
+        let timeout = secs(timeout)?;
+        let mut opts = ConnectOptions {
+            lossless,
+            timeout: timeout.unwrap_or(Duration::MAX),
+            producer_uid,
+            ..Default::default()
+        };
+        if let Some(n) = name {
+            opts.name = n;
+        }
+        let waker = Waker::new().map_err(to_py)?;
+        let w = waker.clone();
+        let sub = py
+            .detach(move || CoreSubscriber::connect_with_waker(&path, &opts, &w))
+            .map_err(to_py)?;
+        let poll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| Error::new_err(format!("epoll_create: {e}")))?;
+        for fd in sub.poll_fds() {
+            // SAFETY: the subscriber owns fd and lives as long as the epoll set.
+            let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            poll.add(
+                bfd,
+                nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, fd as u64),
+            )
+            .map_err(|e| Error::new_err(format!("epoll_ctl: {e}")))?;
+        }
+        Ok(Self {
+            inner: Mutex::new(Some(sub)),
+            waker,
+            poll,
+            timeout,
+            cuda_device,
+        })
+    }
+
+    /// The next frame. Raises `Timeout` when none came within `timeout` seconds (default: the
+    /// subscriber's), `EndOfStream` after the producer's EOS, `ProducerLost` when it went away.
+    #[pyo3(signature = (timeout=-1.0))]
+    fn next_frame(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Frame> {
+        let t = match timeout {
+            // The default, -1: the subscriber's timeout.
+            Some(t) if t < 0.0 => self.timeout,
+            t => secs(t)?,
+        };
+        self.next_inner(py, t)?
+            .ok_or_else(|| EndOfStream::new_err("the producer sent end-of-stream"))
+    }
+
+    fn __iter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    /// Frames until the producer's EOS.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<Frame>> {
+        self.next_inner(py, self.timeout)
+    }
+
+    /// A descriptor that is readable when a frame (or news from the producer) may be waiting:
+    /// for `selectors` and `asyncio` (`loop.add_reader(sub.fileno(), ...)`); then call
+    /// `next_frame(timeout=0)`.
+    fn fileno(&self) -> i32 {
+        self.poll.0.as_fd().as_raw_fd()
+    }
+
+    /// The producer's caps (a GStreamer caps string), once known.
+    #[getter]
+    fn caps(&self) -> PyResult<Option<String>> {
+        self.with(|s| Ok(s.caps().map(|c| c.to_string())))
+    }
+
+    /// Frames the producer did not hand us because we fell behind (leaky subscribers).
+    #[getter]
+    fn dropped(&self) -> PyResult<u64> {
+        self.with(|s| Ok(s.dropped()))
+    }
+
+    /// Stops taking frames and tells the producer so: it no longer waits for this subscriber
+    /// (even a lossless one) nor delivers to it. Frames still held, and every view, array or
+    /// tensor made from them, keep their slots until they are dropped; then the connection
+    /// closes.
+    fn close(&self) {
+        self.waker.wake();
+        let old = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(old);
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, _args: &Bound<'_, PyTuple>) -> bool {
+        self.close();
+        false
+    }
+}
