@@ -873,3 +873,62 @@ fn clients_that_take_and_hold_every_slot_cannot_stop_the_producer() {
     // The last two seconds: every frame, at full rate.
     assert_full_rate(&out, from, to);
 }
+
+/// Close, the message a consumer sends when it stops taking frames but keeps some: clients
+/// that take frames, hold them and close cannot stall the producer (closed holders have no
+/// share of the ring and are cut first once every slot is held), a client that closes holding
+/// nothing is let go at once (it takes no client place), and one that says Close twice is cut.
+/// The victim keeps its full rate.
+#[test]
+fn clients_that_close_cannot_stall_or_crowd_the_producer() {
+    use gstgpushm::ring::wire::Message;
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("close.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let reason = |r: &mut RawClient| -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            match r.conn.recv_timeout(Duration::from_millis(200), None) {
+                Ok(Some((Message::Error { message }, _))) => return message,
+                Ok(_) | Err(gstgpushm::ring::Error::Timeout(_)) => {}
+                Err(e) => return format!("no reason, {e}"),
+            }
+        }
+        "nothing said".into()
+    };
+    // Closes holding nothing: let go at once.
+    let mut idle = raw_connect(&sock, 0);
+    idle.conn.send(&Message::Close, &[]).unwrap();
+    let why = reason(&mut idle);
+    assert!(why.contains("gave every frame back"), "{why}");
+    // Says Close twice: cut.
+    let mut twice = raw_connect(&sock, FLAG_LOSSLESS);
+    let _held = take(&twice);
+    twice.conn.send(&Message::Close, &[]).unwrap();
+    twice.conn.send(&Message::Close, &[]).unwrap();
+    let why = reason(&mut twice);
+    assert!(why.contains("unexpected Close"), "{why}");
+    // Three lossless hoarders take all they are given, release nothing, and close.
+    let hoarders: Vec<Raw> = (0..3).map(|_| raw_connect(&sock, FLAG_LOSSLESS)).collect();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        for h in &hoarders {
+            while let Ok(Some(_)) = h.ch.take() {}
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for h in &hoarders {
+        h.conn.send(&Message::Close, &[]).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    let from = now() - 2_000_000_000;
+    let to = now();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    // The last two seconds: every frame, at full rate.
+    assert_full_rate(&out, from, to);
+    drop(hoarders);
+}

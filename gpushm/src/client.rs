@@ -19,12 +19,16 @@
 //!   owned by the leases, until the last one is dropped: then the producer sees it close and
 //!   knows that nothing is held any more.
 //! - **The one exception: a consumer the producer cuts.** A producer that has to go on cuts a
-//!   consumer that holds more than its fair share of the ring for so long that it has no slot
-//!   left to fill ([`crate::publisher::STARVATION_TIMEOUT`]); a consumer that keeps within its
-//!   share is never cut. A cut consumer is told why (an `Error` message), and from then on
-//!   [`SlotLease::is_valid`] is false and [`SlotLease::revoked`] says why: every binding
-//!   refuses to make new views of its frames. Memory views already handed out (a NumPy array, a
-//!   tensor, a mapped GstBuffer) cannot be taken back: **they may then see newer frames**.
+//!   consumer when every slot of its ring has been held for
+//!   [`crate::publisher::STARVATION_TIMEOUT`] with none given back: a closed consumer still
+//!   holding frames first, else one holding more than its fair share (the ring's slots over the
+//!   open consumers); a consumer that keeps within its share is never cut. The producer marks
+//!   the consumer's control block before it takes the slots back, then says why (an `Error`
+//!   message): from then on [`SlotLease::is_valid`] is false and [`SlotLease::revoked`] says
+//!   why, whether the subscriber is open, closed or no longer reading. Python frames then
+//!   refuse new views (`Frame.valid`, `FrameRevoked`); gpushmsrc posts the producer's reason
+//!   as its error. Memory already handed out (a NumPy array, a tensor, a GstBuffer downstream)
+//!   cannot be taken back: **it may then show newer frames**.
 //! - A producer that stops or dies does not revalidate anything: its ring stays mapped in the
 //!   consumer, and nobody writes it any more, so frames held stay valid.
 use std::collections::VecDeque;
@@ -33,7 +37,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -57,41 +61,52 @@ struct Releaser {
     leases: AtomicUsize,
     /// Frames copied out of the ring instead of being kept zero-copy.
     copied: AtomicU64,
-    /// Why the producer cut us and took our slots back: frames we hold may be overwritten.
-    revoked: OnceLock<String>,
+    /// The producer cut us (we read its Error on the socket).
+    cut: AtomicBool,
+    /// Why, in the producer's words, once read from the socket.
+    reason: Mutex<Option<String>>,
     /// After the [`Connection`] closed: its socket, owned by the leases (this struct) so that
-    /// the producer keeps our slots while they live. Read only to learn whether the producer
-    /// cut us.
+    /// the producer keeps our slots while they live. Read only for the reason the producer
+    /// gives when it cut us.
     closed_link: Mutex<Option<Conn>>,
 }
 
 impl Releaser {
-    /// Why our frames are no longer ours, if the producer cut us. After the connection
-    /// closed, what the producer sent since is read first (without blocking).
-    fn revoked(&self) -> Option<&str> {
-        if self.revoked.get().is_none() {
-            let mut link = self.closed_link.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(conn) = link.as_mut() {
-                loop {
-                    match conn.try_recv() {
-                        Ok(Some((Message::Error { message }, _))) => {
-                            let _ = self.revoked.set(message);
-                            break;
-                        }
-                        // Ring, Caps or Eos sent before the producer read our Close.
-                        Ok(Some(_)) => {}
-                        Ok(None) => break,
-                        // The producer is gone: nobody writes the ring any more, and there is
-                        // nothing left to learn from the socket.
-                        Err(_) => {
-                            *link = None;
-                            break;
-                        }
-                    }
-                }
+    /// Whether the producer cut us and took our slots back. It says so in our control block
+    /// before it does (read here without a system call, whether or not anybody reads the
+    /// socket), then on the socket, with its reason.
+    fn is_revoked(&self) -> bool {
+        self.ch.revoked() || self.cut.load(Ordering::Acquire)
+    }
+
+    /// Why our frames are no longer ours, if the producer cut us.
+    fn revoked(&self) -> Option<String> {
+        if !self.is_revoked() {
+            return None;
+        }
+        let mut reason = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+        if reason.is_none() {
+            *reason = self.reason_on_socket();
+        }
+        Some(reason.clone().unwrap_or_else(|| {
+            "the producer cut this consumer and took its frames back".to_string()
+        }))
+    }
+
+    /// After the connection closed: the producer's Error message, if it is on the socket.
+    /// The socket is never closed here (that would give our slots back): a message that
+    /// cannot be read is left there.
+    fn reason_on_socket(&self) -> Option<String> {
+        let mut link = self.closed_link.lock().unwrap_or_else(|p| p.into_inner());
+        let conn = link.as_mut()?;
+        loop {
+            match conn.try_recv() {
+                Ok(Some((Message::Error { message }, _))) => return Some(message),
+                // Ring, Caps or Eos sent before the producer read our Close.
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return None,
             }
         }
-        self.revoked.get().map(|s| s.as_str())
     }
 
     /// Gives `e` back, after any release still waiting.
@@ -136,15 +151,14 @@ impl SlotLease {
     }
 
     /// Whether the frame is still ours: false once the producer cut this consumer and took its
-    /// slots back (see "Held frames" in [`crate::client`]). While the subscriber is open this
-    /// is what it last read from the producer; after it closed, the socket is looked at.
+    /// slots back (see "Held frames" in [`crate::client`]). One atomic load while it is ours.
     pub fn is_valid(&self) -> bool {
-        self.releaser.revoked().is_none()
+        !self.releaser.is_revoked()
     }
 
     /// Why the frame is no longer ours (the producer's message), if it is not.
     pub fn revoked(&self) -> Option<String> {
-        self.releaser.revoked().map(str::to_string)
+        self.releaser.revoked()
     }
 }
 
@@ -404,7 +418,8 @@ impl Connection {
                 backlog: Mutex::new(Vec::new()),
                 leases: AtomicUsize::new(0),
                 copied: AtomicU64::new(0),
-                revoked: OnceLock::new(),
+                cut: AtomicBool::new(false),
+                reason: Mutex::new(None),
                 closed_link: Mutex::new(None),
             }),
             rings: VecDeque::new(),
@@ -488,7 +503,8 @@ impl Connection {
                 Ok(Some(m)) => m,
                 Ok(None) => return Ok(()),
                 Err(e) => {
-                    self.gone = Some(e);
+                    // An Error message read just before (the producer's reason) stays.
+                    self.gone.get_or_insert(e);
                     return Ok(());
                 }
             };
@@ -531,7 +547,12 @@ impl Connection {
                 Message::Eos => self.eos = true,
                 Message::Error { message } => {
                     // It cut us: every slot we held is the producer's again.
-                    let _ = self.releaser.revoked.set(message.clone());
+                    *self
+                        .releaser
+                        .reason
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
+                    self.releaser.cut.store(true, Ordering::Release);
                     self.gone = Some(Error::Refused(format!(
                         "the producer closed the connection: {message}"
                     )));
@@ -652,17 +673,18 @@ impl Drop for Connection {
         let releaser = self.releaser.clone();
         let held = || releaser.leases.load(Ordering::Acquire) > 0;
         if self.gone.is_none() && held() {
-            // What the producer sent before is read now: an Error in it means our frames are
-            // already gone (and the producer gone or cut us: nothing left to keep open).
+            // What the producer sent before is read now: an Error in it is why it cut us.
             let _ = self.pump();
         }
         // SAFETY: taken once, here; the field is not used after.
         let conn = unsafe { ManuallyDrop::take(&mut self.conn) };
-        if self.gone.is_some() || !held() {
-            // Nothing held, or nobody left to keep slots for: closing the socket says it all.
+        if !held() {
+            // Nothing held: closing the socket says it all.
             return;
         }
-        // A send that fails (the producer went away meanwhile) changes nothing.
+        // Whatever went wrong on the connection, the socket stays open while frames are held:
+        // closing it would give their slots back. A send that fails (the producer went away
+        // or cut us) changes nothing.
         let _ = conn.send(&Message::Close, &[]);
         *self
             .releaser
@@ -1014,8 +1036,8 @@ mod tests {
     }
 
     /// Two consumers that each hold their share of the ring (all of it, together) are never
-    /// cut; one that holds more than its share while all slots are held is, after it closed
-    /// too: its frames then say they are no longer valid, and why.
+    /// cut; one that holds more than its share while all slots are held is: its frames then
+    /// say they are no longer valid, and why, without the subscriber reading anything.
     #[test]
     fn only_a_consumer_over_its_share_is_cut_and_its_frames_say_so() {
         let dir = scratch("cut");
@@ -1050,10 +1072,14 @@ mod tests {
         publish(&cam, 6);
         let c6 = take(&mut c);
         drop(take(&mut b));
-        drop(a);
+        // a does not read its socket: its frames learn it from its control block.
         until("a's frames to be revoked", || !a1.lease.is_valid());
-        let why = a2.lease.revoked().unwrap();
-        assert!(why.contains("more than its share"), "{why}");
+        assert!(!a2.lease.is_valid());
+        match a.next_frame(Some(Duration::from_secs(5))) {
+            Err(Error::Refused(why)) => assert!(why.contains("more than its share"), "{why}"),
+            r => panic!("a was not told why: {:?}", r.map(|f| f.map(|f| f.seq))),
+        }
+        assert!(a2.lease.revoked().unwrap().contains("more than its share"));
         assert!(b3.lease.is_valid() && c6.lease.is_valid());
         assert!(filled_with(&b3, 3) && filled_with(&c6, 6));
         drop(cam);

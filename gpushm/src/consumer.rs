@@ -413,6 +413,11 @@ impl ConsumerChannel {
         self.header().dropped.load(Ordering::Relaxed)
     }
 
+    /// The producer cut us and took our slots back.
+    pub fn revoked(&self) -> bool {
+        self.header().revoked.load(Ordering::Acquire) != 0
+    }
+
     /// Frames we may reference at once, as the producer says (0: not said, or nonsense).
     pub fn budget(&self) -> u32 {
         let b = self.header().budget.load(Ordering::Relaxed);

@@ -291,11 +291,12 @@ impl FrameGeometry {
 
     /// For a frame of one plane whose pixels are whole components (BGRx, RGB, GRAY16_LE,
     /// YUY2, RGBA): that plane, to view as height x width x components. `None` for planar
-    /// formats (view them plane by plane) and packings that are not whole bytes.
+    /// formats (view them plane by plane) and packings that are not whole bytes. (A row may
+    /// hold more than `width` pixels' bytes: odd-width YUY2 ends with a whole macropixel.)
     pub fn packed(&self) -> Option<Plane> {
         match self.planes.as_slice() {
             [p] if p.components.bytes != 0 && p.rows == self.height => {
-                (p.row_bytes / p.components.pixel_bytes() == self.width).then_some(*p)
+                (p.row_bytes / p.components.pixel_bytes() >= self.width).then_some(*p)
             }
             _ => None,
         }

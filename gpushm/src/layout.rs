@@ -158,7 +158,9 @@ pub struct ClientHeader {
     /// Frames this client may reference at once (producer): the client keeps fewer zero-copy
     /// frames than this and copies the rest, so that it never holds the producer up.
     pub budget: AtomicU32,
-    pub _reserved0: AtomicU32,
+    /// Nonzero once the producer cut this client (producer), written before it takes the
+    /// client's slots back: frames the client still holds may be overwritten from then on.
+    pub revoked: AtomicU32,
     /// Frames the client copied out of the ring instead of keeping them zero-copy (client;
     /// a statistic the producer only reports).
     pub copied: AtomicU64,
@@ -198,6 +200,7 @@ const _: () = assert!(offset_of!(SlotDesc, plane_stride) == 136);
 const _: () = assert!(offset_of!(ClientHeader, wpos) == 16);
 const _: () = assert!(offset_of!(ClientHeader, dropped) == 48);
 const _: () = assert!(offset_of!(ClientHeader, budget) == 56);
+const _: () = assert!(offset_of!(ClientHeader, revoked) == 60);
 const _: () = assert!(offset_of!(ClientHeader, copied) == 64);
 const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 72);
 const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 76);

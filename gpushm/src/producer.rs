@@ -352,6 +352,12 @@ impl ClientChannel {
         self.header().consumer_waits.load(Ordering::Relaxed) != 0
     }
 
+    /// Tells the client, before its slots are taken back, that its frames are no longer its
+    /// own.
+    pub fn mark_revoked(&self) {
+        self.header().revoked.store(1, Ordering::SeqCst);
+    }
+
     /// Tells the client how many frames it may reference at once.
     pub fn set_budget(&mut self, budget: u32) {
         // Stored only when it changes: the header's line is the client's to read each frame.

@@ -79,6 +79,12 @@ pub enum Event {
         id: u32,
         reason: String,
     },
+    /// A client closed: it takes no more frames and keeps those it holds (`held`) until it
+    /// releases them; then it is disconnected.
+    Closed {
+        id: u32,
+        held: usize,
+    },
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -509,7 +515,8 @@ impl<P: Send + 'static> Publisher<P> {
                 .collect(),
         });
         let mut failed = Vec::new();
-        for c in &inner.clients {
+        // Closed clients take no more frames: they need no new ring.
+        for c in inner.clients.iter().filter(|c| !c.closed) {
             if let Err(e) = Self::send_ring_and_caps(&inner, c) {
                 failed.push((c.id, e.to_string()));
             }
@@ -567,6 +574,7 @@ impl<P: Send + 'static> Publisher<P> {
         let failed: Vec<(u32, String)> = inner
             .clients
             .iter()
+            .filter(|c| !c.closed)
             .filter_map(|c| {
                 c.conn
                     .send(&Message::Eos, &[])
@@ -958,6 +966,9 @@ impl<P: Send + 'static> Publisher<P> {
             return;
         };
         let c = inner.clients.swap_remove(i);
+        // Said in shared memory first, where the client reads it without a system call,
+        // whether it still reads its socket or not (and whatever the socket can still carry).
+        c.ch.mark_revoked();
         let mut back = Vec::new();
         let outstanding: Vec<Entry> = c.ch.outstanding().copied().collect();
         for e in outstanding {
@@ -1086,10 +1097,7 @@ impl<P: Send + 'static> Publisher<P> {
                                         Ok(list) => released.extend(list),
                                         Err(e) => break Some(e.to_string()),
                                     }
-                                    inner.events.push(Event::Info(format!(
-                                        "client {id} closed; it keeps the {} frames it holds until it releases them",
-                                        c.refs()
-                                    )));
+                                    inner.events.push(Event::Closed { id, held: c.refs() });
                                 }
                                 Ok(Some((m, _))) => {
                                     break Some(format!("unexpected {m:?} from the client"))
@@ -1119,6 +1127,17 @@ impl<P: Send + 'static> Publisher<P> {
         // Every round (at least every 100 ms with clients), whether a client woke us or not:
         // clients write their eventfd only while someone waits for a slot.
         self.reclaim_locked(&mut inner, &mut back);
+        // Closed clients that gave every frame back are done (one that keeps its socket open
+        // holding nothing takes no client place).
+        let done: Vec<u32> = inner
+            .clients
+            .iter()
+            .filter(|c| c.closed && c.refs() == 0)
+            .map(|c| c.id)
+            .collect();
+        for id in done {
+            self.drop_client(&mut inner, id, "it closed and gave every frame back".into());
+        }
         // Handshakes: from the highest index down so removals keep the others valid.
         done_pending.sort_unstable();
         for i in done_pending.into_iter().rev() {
@@ -1147,21 +1166,23 @@ impl<P: Send + 'static> Publisher<P> {
     /// delivered to it and not taken goes back (returned here), what it holds stays its own.
     fn close_client(c: &mut Client, stats: &mut Stats) -> Result<Vec<Entry>> {
         c.closed = true;
-        c.lossless = false;
-        c.lagging = false;
         let mut back = Vec::new();
-        while let Some(e) = c.ch.revoke_oldest()? {
-            back.push(e);
-            stats.frames_dropped += 1;
+        // Each round revokes one, or finds the client took it meanwhile.
+        while c.ch.pending_len() > 0 {
+            if let Some(e) = c.ch.revoke_oldest()? {
+                back.push(e);
+                stats.frames_dropped += 1;
+            }
         }
         Ok(back)
     }
 
     /// Clients that keep every slot of the ring (taking frames and never giving them back,
     /// or several frozen at once) would stop the producer for good: past
-    /// [`STARVATION_TIMEOUT`] the one holding most is disconnected, which gives its slots back,
-    /// if it holds more than its fair share (the ring's slots over the clients, at least
-    /// one): a client within its share is never cut, and slots held by clients that all keep
+    /// [`STARVATION_TIMEOUT`] one is cut, which gives its slots back: a closed client holding
+    /// frames first (it takes no more frames, so it has no share), else the one holding most
+    /// if it holds more than its fair share (the ring's slots over the open clients, at least
+    /// one). A client within its share is never cut: slots held by clients that all keep
     /// within theirs come back as they release them.
     fn check_starvation(&self, inner: &mut Inner<P>, now: Instant) {
         let Some(slots) = inner
@@ -1178,13 +1199,15 @@ impl<P: Send + 'static> Publisher<P> {
             return;
         }
         inner.starved_since = None;
-        let share = (slots / inner.clients.len().max(1)).max(1);
-        let Some((id, refs)) = inner
+        // Closed clients take no more frames: they have no share, and go first.
+        let open = inner.clients.iter().filter(|c| !c.closed).count();
+        let share = (slots / open.max(1)).max(1);
+        let Some((id, refs, share)) = inner
             .clients
             .iter()
-            .map(|c| (c.id, c.refs()))
-            .max_by_key(|&(_, r)| r)
-            .filter(|&(_, r)| r > share)
+            .map(|c| (c.id, c.refs(), if c.closed { 0 } else { share }))
+            .filter(|&(_, r, share)| r > share)
+            .max_by_key(|&(_, r, share)| (share == 0, r))
         else {
             return;
         };

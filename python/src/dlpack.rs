@@ -87,7 +87,10 @@ impl Drop for Ctx {
 
 /// Whether the interpreter is shutting down: `Py_IsFinalizing` (3.13) or `_Py_IsFinalizing`
 /// (3.7 to 3.12), looked up at run time because the stable ABI has neither. pyo3's
-/// `try_attach` checks this itself only when built for 3.13.
+/// `try_attach` checks this itself only when built for 3.13. Best effort, as CPython offers
+/// nothing better: a deleter on another thread can still race the start of finalization, and
+/// where libpython was loaded RTLD_LOCAL neither symbol is found (then only `try_attach`'s own
+/// checks apply).
 fn finalizing() -> bool {
     type IsFinalizing = unsafe extern "C" fn() -> std::ffi::c_int;
     static F: std::sync::OnceLock<Option<IsFinalizing>> = std::sync::OnceLock::new();

@@ -158,11 +158,16 @@ impl Frame {
     /// The whole frame as one array: height × width × components for a frame of one plane
     /// of whole components (height × width with one component), else its bytes.
     fn frame_view(&self) -> PyResult<View> {
+        // Elements must be aligned (a producer may place a plane anywhere): else its bytes.
+        let aligned = |p: &Plane| {
+            let b = p.components.bytes as u64;
+            (p.stride as u64).is_multiple_of(b) && p.offset.is_multiple_of(b)
+        };
         match self
             .geometry
             .as_ref()
             .ok()
-            .and_then(|g| g.packed().map(|p| (g, p)))
+            .and_then(|g| g.packed().filter(aligned).map(|p| (g, p)))
         {
             Some((g, p)) => {
                 let c = p.components;

@@ -216,7 +216,7 @@ impl Publisher {
             .map_err(to_py)
     }
 
-    /// Consumers connected now.
+    /// Consumers connected and taking frames now (closed ones still holding frames are not counted).
     #[getter]
     fn num_clients(&self) -> PyResult<usize> {
         Ok(self.engine()?.num_clients())

@@ -29,6 +29,8 @@ pub struct Subscriber {
     poll: nix::sys::epoll::Epoll,
     timeout: Option<Duration>,
     cuda_device: i32,
+    /// The descriptors in `poll`.
+    fds: [std::os::fd::RawFd; 2],
 }
 
 impl Subscriber {
@@ -101,7 +103,8 @@ impl Subscriber {
             .map_err(to_py)?;
         let poll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| Error::new_err(format!("epoll_create: {e}")))?;
-        for fd in sub.poll_fds() {
+        let fds = sub.poll_fds();
+        for fd in fds {
             // SAFETY: the subscriber owns fd and lives as long as the epoll set.
             let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             poll.add(
@@ -116,6 +119,7 @@ impl Subscriber {
             poll,
             timeout,
             cuda_device,
+            fds,
         })
     }
 
@@ -167,6 +171,16 @@ impl Subscriber {
     fn close(&self) {
         self.waker.wake();
         let old = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if old.is_some() {
+            // The socket outlives the subscriber while frames are held: `fileno()` must not
+            // report it readable any more.
+            for fd in self.fds {
+                // SAFETY: the subscriber (still alive here) owns both descriptors.
+                let _ = self
+                    .poll
+                    .delete(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) });
+            }
+        }
         drop(old);
     }
 

@@ -132,6 +132,11 @@ impl View {
             ));
         }
         let strides: Vec<isize> = this.strides.iter().map(|s| s / bytes).collect();
+        if !(frame.ptr as u64 + this.offset).is_multiple_of(bytes as u64) {
+            return Err(PyBufferError::new_err(
+                "this view's first element is not aligned, which DLPack needs: use numpy()",
+            ));
+        }
         let (ptr, device) = match dl_device {
             Some((dlpack::KDL_CPU, _)) => (
                 (frame.ptr + this.offset as usize) as u64,

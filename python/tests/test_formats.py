@@ -12,6 +12,7 @@ from conftest import checksums, wait_for
 
 # (format, width, height, numpy() shape as a function of (h, w), numpy() dtype,
 #  [(plane rows, plane elements a row, dtype)]).
+# Ids: the format, and the size where a format comes twice.
 CASES = [
     ("BGRx", 33, 17, lambda h, w: (h, w, 4), np.uint8, None),
     ("RGBx", 64, 48, lambda h, w: (h, w, 4), np.uint8, None),
@@ -23,6 +24,7 @@ CASES = [
     ("GRAY16_LE", 33, 17, lambda h, w: (h, w), np.dtype("<u2"), None),
     ("YUY2", 34, 17, lambda h, w: (h, w, 2), np.uint8, None),
     ("UYVY", 64, 48, lambda h, w: (h, w, 2), np.uint8, None),
+    ("YUY2", 33, 9, lambda h, w: (h, w, 2), np.uint8, None),
     ("P010_10LE", 33, 17, None, None,
      [(17, 33, np.dtype("<u2")), (9, 34, np.dtype("<u2"))]),
     ("I420_10LE", 34, 18, None, None,
@@ -31,7 +33,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("fmt,w,h,shape,dtype,planes", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("fmt,w,h,shape,dtype,planes", CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}" for c in CASES])
 def test_every_raw_format_is_viewed_with_its_shape_and_bytes(launch, sock, fmt, w, h, shape, dtype, planes):
     n = 5
     p = launch(
@@ -51,7 +53,8 @@ def test_every_raw_format_is_viewed_with_its_shape_and_bytes(launch, sock, fmt, 
             if shape is not None:
                 assert a.shape == shape(h, w) and a.dtype == dtype, (a.shape, a.dtype)
                 # The view is the bytes: rebuilt from bytes(frame) with GStreamer's stride.
-                stride = -(-(w * a.itemsize * (a.shape[2] if a.ndim == 3 else 1)) // 4) * 4
+                row = (w + (w % 2 if fmt in ("YUY2", "UYVY") else 0)) * a.itemsize * (a.shape[2] if a.ndim == 3 else 1)
+                stride = -(-row // 4) * 4
                 assert a.strides[0] == stride
                 again = np.ndarray(a.shape, a.dtype, buffer=raw, strides=a.strides)
                 assert np.array_equal(a, again)

@@ -5,6 +5,7 @@ after it finalized (see "Held frames" in the gpushm crate's client module)."""
 
 import ctypes
 import os
+import selectors
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,10 @@ def test_a_closed_subscriber_keeps_frames_valid_and_refuses_new_ones(launch, soc
     with gpushm.Subscriber(sock) as sub:
         frame = sub.next_frame()
     assert frame.valid
+    # The socket lives on with the frame, but an event loop on fileno() hears no more of it.
+    with selectors.DefaultSelector() as sel:
+        sel.register(sub.fileno(), selectors.EVENT_READ)
+        assert not sel.select(timeout=0.3)
     a = frame.numpy()  # views can still be made from a held frame after close
     assert a.shape == (120, 160)
     with pytest.raises(gpushm.Error, match="closed"):

@@ -672,7 +672,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecUInt::builder("num-clients")
                     .nick("Number of clients")
-                    .blurb("Consumers connected now")
+                    .blurb("Consumers connected and taking frames now (one that closed while its app still holds frames is listed in stats, closed=true, until it lets them go)")
                     .read_only()
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
@@ -821,6 +821,14 @@ impl BaseSinkImpl for GpuShmSink {
                 }
                 Event::CaughtUp { id } => {
                     gst::info!(CAT, obj = obj, "lossless client {id} caught up")
+                }
+                Event::Closed { id, held } => {
+                    gst::info!(
+                        CAT,
+                        obj = obj,
+                        "client {id} closed: it takes no more frames and keeps the {held} it holds until it lets them go"
+                    );
+                    obj.notify("num-clients");
                 }
                 Event::Disconnected { id, reason } => {
                     if id == 0 {

@@ -6,7 +6,12 @@
  * Receives a stream (raw or encoded video, audio, RTP, any caps) from a gpushmsink in another
  * process, with the producer's caps. The producer's ring is mapped once,
  * read-only, and buffers point straight into it: no frame byte is copied. A slot goes back to
- * the producer when downstream drops the buffer.
+ * the producer when downstream drops the buffer, also after the source went to NULL: buffers an
+ * app keeps (a sink's last sample, an app's queue) keep their slots, and the producer, told
+ * that this source takes no more frames, never waits for it. The one exception is a consumer
+ * the producer cuts for holding more than its share of the ring for 0.5 s while every slot is
+ * held: the error says so, and buffers it still holds may then show newer frames (see "Held
+ * frames" in the gpushm crate's `client` module).
  *
  * The source connects when it goes to PLAYING. Its streaming thread takes each frame from the
  * ring itself while it waits for one; when downstream holds that thread for more than 50 ms,
