@@ -1548,3 +1548,111 @@ fn interlaced_flags_and_timecodes_arrive() {
             .contains(gst_video::VideoTimeCodeFlags::INTERLACED));
     }
 }
+
+/// The README's property tables say what gst-inspect-1.0 says: every property an element
+/// defines itself is in its table (inherited ones the README documents, like do-timestamp,
+/// may be there too), with its default (or "read-only", or "(required)" for a string with
+/// none), and no row names a property that does not exist.
+#[test]
+fn readme_property_tables_match_the_elements() {
+    init();
+    const README: &str = include_str!("../README.md");
+    // Defaults as the README writes them: numbers with units, octal permissions, enum nicks.
+    fn parse_number(text: &str) -> Option<i128> {
+        let t = text.trim();
+        let (num, mult) = [
+            (" MiB", 1i128 << 20),
+            (" ms", 1_000_000),
+            (" s", 1_000_000_000),
+        ]
+        .iter()
+        .find_map(|(u, m)| t.strip_suffix(u).map(|n| (n, *m)))
+        .unwrap_or((t, 1));
+        let num = num.split(' ').next()?;
+        if num.len() > 1 && num.starts_with('0') && num.chars().all(|c| c.is_ascii_digit()) {
+            return i128::from_str_radix(num, 8).ok();
+        }
+        num.parse::<i128>().ok().map(|n| n * mult)
+    }
+    fn value_text(pspec: &glib::ParamSpec) -> Option<String> {
+        let v = pspec.default_value();
+        if let Ok(b) = v.get::<bool>() {
+            return Some(b.to_string());
+        }
+        if let Some(e) = glib::EnumValue::from_value(v) {
+            return Some(e.1.nick().to_string());
+        }
+        if let Some(n) = [
+            v.get::<u32>().ok().map(i128::from),
+            v.get::<i32>().ok().map(i128::from),
+            v.get::<u64>().ok().map(i128::from),
+            v.get::<i64>().ok().map(i128::from),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+        {
+            return Some(n.to_string());
+        }
+        match v.get::<Option<String>>() {
+            Ok(None) => Some("(required)".into()),
+            Ok(Some(s)) => Some(s),
+            Err(_) => None,
+        }
+    }
+    use gst::glib;
+    for element in ["gpushmsink", "gpushmsrc", "cudasum"] {
+        let heading = format!("### {element}\n");
+        let start = README
+            .find(&heading)
+            .unwrap_or_else(|| panic!("no '### {element}' section in the README"));
+        let section = &README[start + heading.len()..];
+        let section = &section[..section.find("\n#").unwrap_or(section.len())];
+        let mut rows = std::collections::BTreeMap::new();
+        for line in section.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = line.split(" | ").collect();
+            let names: Vec<&str> = cells[0]
+                .trim_start_matches("| ")
+                .split(" / ")
+                .map(|n| n.trim_matches('`'))
+                .collect();
+            let defaults: Vec<&str> = cells[1].split(" / ").collect();
+            for (i, name) in names.iter().enumerate() {
+                let d = defaults.get(i).or(defaults.last()).unwrap();
+                rows.insert(name.to_string(), d.replace("**", "").trim().to_string());
+            }
+        }
+        let e = gst::ElementFactory::make(element).build().unwrap();
+        let own: Vec<glib::ParamSpec> = e
+            .list_properties()
+            .iter()
+            .filter(|p| p.owner_type() == e.type_())
+            .cloned()
+            .collect();
+        for p in &own {
+            let name = p.name();
+            let Some(readme) = rows.get(name) else {
+                panic!("{element}: property {name} is not in the README's table");
+            };
+            if !p.flags().contains(glib::ParamFlags::WRITABLE) {
+                assert_eq!(readme, "read-only", "{element}: {name}");
+                continue;
+            }
+            let want = value_text(p).unwrap_or_default();
+            let same = match (parse_number(readme), want.parse::<i128>().ok()) {
+                (Some(a), Some(b)) => a == b,
+                _ => readme.split(' ').next() == Some(want.as_str()),
+            };
+            assert!(
+                same,
+                "{element}: README says {name} defaults to {readme:?}, the element to {want:?}"
+            );
+        }
+        for name in rows.keys() {
+            assert!(
+                e.find_property(name).is_some(),
+                "{element}: the README documents a property {name} it does not have"
+            );
+        }
+    }
+}

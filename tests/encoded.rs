@@ -389,3 +389,51 @@ fn flags_offsets_headers_and_any_size_travel() {
     let stats = sink.element().unwrap().property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 7);
 }
+
+/// A default consumer (mode=auto) of a wait-for-connection producer gets the whole stream
+/// from its first buffer: audio byte-exact, and H.264 decoded frame for frame like in the
+/// producer's own process, whether the consumer comes at once or a second later (three runs
+/// each). Auto is lossless for everything but live raw video.
+#[test]
+fn a_default_consumer_of_a_wait_for_connection_producer_loses_nothing() {
+    init();
+    let _g = serial();
+    for run in 0..3 {
+        let dir = tmpdir();
+        let sock = dir.path().join("audio.sock");
+        let (p, c) = run_pair(
+            &sock,
+            "audiotestsrc num-buffers=100 ! tee name=t t. ! queue ! gpushmsink socket-path={sock} wait-for-connection=true \
+             t. ! queue ! checksumsink",
+            "gpushmsrc socket-path={sock} ! checksumsink",
+            Duration::ZERO,
+        );
+        assert_eq!(sums(&p).len(), 100);
+        assert_eq!(sums(&c).len(), 100, "audio, run {run}: buffers lost");
+        assert_eq!(sums(&c), sums(&p), "audio, run {run}: buffers changed");
+        for delay in [Duration::ZERO, Duration::from_secs(1)] {
+            let sock = dir.path().join(format!("h264-{}.sock", delay.as_millis()));
+            let (p, c) = run_pair(
+                &sock,
+                &format!(
+                    "videotestsrc is-live=true num-buffers=90 pattern=ball ! video/x-raw,width=320,height=240,framerate=30/1 \
+                     ! {H264} ! tee name=t t. ! queue ! gpushmsink socket-path={{sock}} wait-for-connection=true \
+                     t. ! queue ! {{dec}} ! checksumsink"
+                ),
+                "gpushmsrc socket-path={sock} ! h264parse ! {dec} ! checksumsink",
+                delay,
+            );
+            assert_eq!(sums(&p).len(), 90, "{p:?}");
+            assert_eq!(
+                sums(&c).len(),
+                90,
+                "H.264 with the consumer {delay:?} late, run {run}: frames lost"
+            );
+            assert_eq!(
+                sums(&c),
+                sums(&p),
+                "H.264 with the consumer {delay:?} late, run {run}: frames lost or changed"
+            );
+        }
+    }
+}

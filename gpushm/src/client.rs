@@ -46,7 +46,7 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::producer::{Entry, FrameMeta};
-use super::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
+use super::wire::{Conn, Message, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use super::{shm, Error, Result};
 
 /// Caps generations remembered for frames still queued from before a caps change.
@@ -181,10 +181,55 @@ pub struct Frame {
 // SAFETY: `ptr` points into a read-only mapping kept alive by `lease`.
 unsafe impl Send for Frame {}
 
+/// Whether the producer may skip frames for a consumer that falls behind. One name and type
+/// for every binding: gpushmsrc's `mode` property, [`ConnectOptions::mode`], Python's `mode=`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Frames this consumer is too slow for are skipped (the newest ones win): live video
+    /// for viewers and analytics.
+    Leaky,
+    /// The producer waits for this consumer (up to its max-wait) instead of skipping frames:
+    /// recorders.
+    Lossless,
+    /// The default: lossless, except for live raw video, which is leaky. Audio, encoded
+    /// video, data and every stream that is not live lose nothing by default; live raw
+    /// video lets a slow consumer skip frames rather than hold the camera up.
+    #[default]
+    Auto,
+}
+
+impl Delivery {
+    /// Whether frames of a stream that is `live` (or not) with `caps` are waited for.
+    pub fn lossless_for(self, live: bool, caps: &str) -> bool {
+        match self {
+            Delivery::Leaky => false,
+            Delivery::Lossless => true,
+            Delivery::Auto => !(live && crate::format::is_raw_video(caps)),
+        }
+    }
+
+    /// The name in gpushmsrc's `mode` property and Python's `mode=`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Delivery::Leaky => "leaky",
+            Delivery::Lossless => "lossless",
+            Delivery::Auto => "auto",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Delivery::Leaky, Delivery::Lossless, Delivery::Auto]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ConnectOptions {
-    /// Ask the producer to wait for us (back-pressure) instead of skipping frames.
+    /// Whether the producer may skip frames for us ([`Delivery::Auto`] by default).
+    pub mode: Delivery,
+    /// Kept for older code: `true` is `mode: Delivery::Lossless`, whatever `mode` says.
     pub lossless: bool,
     /// Ask for a writable ring descriptor (for GPUs that cannot register read-only memory).
     pub writable_ring: bool,
@@ -371,12 +416,15 @@ impl Connection {
         let mut conn = Conn::new(stream);
         conn.send(
             &Message::Hello {
-                flags: if opts.lossless { FLAG_LOSSLESS } else { 0 }
-                    | if opts.writable_ring {
-                        FLAG_WRITABLE_RING
-                    } else {
-                        0
-                    },
+                flags: match opts.delivery() {
+                    Delivery::Leaky => 0,
+                    Delivery::Lossless => FLAG_LOSSLESS,
+                    Delivery::Auto => FLAG_AUTO,
+                } | if opts.writable_ring {
+                    FLAG_WRITABLE_RING
+                } else {
+                    0
+                },
                 pid: std::process::id(),
                 name: opts.name.clone(),
             },
@@ -784,9 +832,21 @@ pub struct Subscriber {
     wake: Arc<EventFd>,
 }
 
+impl ConnectOptions {
+    /// The delivery asked for: `lossless` (kept for older code) wins over `mode`.
+    pub fn delivery(&self) -> Delivery {
+        if self.lossless {
+            Delivery::Lossless
+        } else {
+            self.mode
+        }
+    }
+}
+
 impl Default for ConnectOptions {
     fn default() -> Self {
         Self {
+            mode: Delivery::Auto,
             lossless: false,
             writable_ring: false,
             name: format!("pid {}", std::process::id()),
@@ -981,7 +1041,11 @@ mod tests {
 
     fn connect(dir: &Path, lossless: bool) -> Subscriber {
         let opts = ConnectOptions {
-            lossless,
+            mode: if lossless {
+                Delivery::Lossless
+            } else {
+                Delivery::Leaky
+            },
             ..Default::default()
         };
         Subscriber::connect(&dir.join("cam"), opts).unwrap()

@@ -303,6 +303,13 @@ impl FrameGeometry {
     }
 }
 
+/// Whether `caps` (a caps string) describe raw video: the one place this is decided, for
+/// every consumer policy and timestamp rule that treats raw video apart.
+pub fn is_raw_video(caps: &str) -> bool {
+    let name = caps.split([',', ';', '(']).next().unwrap_or("");
+    name.trim() == "video/x-raw"
+}
+
 /// The value of `field` in the first structure of a caps string (`format=(string)BGRx` or
 /// `format=BGRx`), unquoted.
 pub fn caps_field<'a>(caps: &'a str, field: &str) -> Option<&'a str> {
@@ -402,6 +409,18 @@ mod tests {
                 .unwrap_err()
                 .contains("audio/x-raw")
         );
+    }
+
+    #[test]
+    fn raw_video_is_told_apart() {
+        assert!(is_raw_video("video/x-raw, format=(string)NV12"));
+        assert!(is_raw_video(
+            "video/x-raw(memory:SystemMemory), format=NV12"
+        ));
+        assert!(is_raw_video("video/x-raw"));
+        assert!(!is_raw_video("video/x-raw-foo, a=1"));
+        assert!(!is_raw_video("video/x-h264, stream-format=avc"));
+        assert!(!is_raw_video("audio/x-raw, format=S16LE"));
     }
 
     #[test]

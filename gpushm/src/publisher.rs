@@ -21,9 +21,10 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
+use crate::client::Delivery;
 use crate::layout::CLIENT_QUEUE_CAPACITY;
 use crate::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use crate::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
+use crate::wire::{Conn, Message, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use crate::{shm, Error, Result};
 
 /// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
@@ -100,6 +101,9 @@ pub struct Stats {
 pub struct ClientStats {
     pub id: u32,
     pub pid: i32,
+    /// What the client asked for.
+    pub mode: Delivery,
+    /// Whether it is waited for now (its mode applied to the stream).
     pub lossless: bool,
     pub sent: u64,
     pub dropped: u64,
@@ -135,6 +139,10 @@ struct Client {
     ch: ClientChannel,
     ready: EventFd,
     release: EventFd,
+    /// What it asked for.
+    mode: Delivery,
+    /// Whether it is waited for: its mode applied to the stream (caps, live), as of the
+    /// last frame.
     lossless: bool,
     sent: u64,
     lagging: bool,
@@ -467,6 +475,7 @@ impl<P: Send + 'static> Publisher<P> {
             .map(|c| ClientStats {
                 id: c.id,
                 pid: c.pid,
+                mode: c.mode,
                 lossless: c.lossless,
                 sent: c.sent,
                 dropped: c.ch.dropped(),
@@ -645,7 +654,10 @@ impl<P: Send + 'static> Publisher<P> {
         let mut back = Vec::new();
         let limit = crate::layout::zero_copy_limit(policy.budget);
         let mut reclaimed = false;
-        for c in guard.clients.iter_mut() {
+        let inner = &mut *guard;
+        let caps = inner.caps.as_ref().map_or("", |c| c.1.as_str());
+        for c in inner.clients.iter_mut() {
+            c.lossless = c.mode.lossless_for(meta.live, caps);
             c.ch.set_budget(policy.budget as u32);
             reclaimed |= c.refs() >= limit;
         }
@@ -1370,6 +1382,14 @@ impl<P: Send + 'static> Publisher<P> {
                 ch,
                 ready,
                 release,
+                mode: if flags & FLAG_LOSSLESS != 0 {
+                    Delivery::Lossless
+                } else if flags & FLAG_AUTO != 0 {
+                    Delivery::Auto
+                } else {
+                    Delivery::Leaky
+                },
+                // Set from the stream at the first frame.
                 lossless: flags & FLAG_LOSSLESS != 0,
                 sent: 0,
                 lagging: false,

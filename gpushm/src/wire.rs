@@ -16,7 +16,7 @@
 //!
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
-//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring), pid u32, name str | – |
+//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery), pid u32, name str | – |
 //! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready eventfd, release eventfd |
 //! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
@@ -57,6 +57,9 @@ pub const MAX_FDS: u32 = 4;
 pub const FLAG_LOSSLESS: u32 = 1;
 /// The consumer's GPU cannot register read-only memory: it asks for a writable ring descriptor.
 pub const FLAG_WRITABLE_RING: u32 = 2;
+/// The consumer's delivery is `auto` ([`crate::client::Delivery::Auto`]): lossless, except
+/// for live raw video (bit 0 then unset).
+pub const FLAG_AUTO: u32 = 4;
 /// `Ring.flags`: the descriptor is writable (granted to a client that asked, when the producer
 /// allows it); otherwise it is read-only and the ring is sealed against writes.
 pub const RING_WRITABLE: u32 = 1;

@@ -83,11 +83,12 @@ class Subscriber:
     def __init__(
         self,
         path: Union[str, PathLike],
-        lossless: bool = False,
+        lossless: Optional[bool] = None,
         timeout: Optional[float] = 5.0,
         name: Optional[str] = None,
         producer_uid: Optional[int] = None,
         cuda_device: int = 0,
+        mode: str = "auto",
     ) -> None: ...
     def next_frame(self, timeout: Optional[float] = -1.0) -> Frame: ...
     def __iter__(self) -> Iterator[Frame]: ...

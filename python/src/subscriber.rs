@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpushm::client::{ConnectOptions, Subscriber as CoreSubscriber, Waker};
+use gpushm::client::{ConnectOptions, Delivery, Subscriber as CoreSubscriber, Waker};
 use gpushm::Error as CoreError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -15,8 +15,11 @@ use crate::frame::Frame;
 
 /// Receives frames from a gpushmsink (or a gpushm Publisher) at `path`.
 ///
-/// `lossless=True` makes the producer wait for this subscriber (up to its max-wait) instead of
-/// skipping frames it is too slow for. `timeout` (seconds, None = forever) applies to waiting
+/// `mode` says whether the producer may skip frames this subscriber is too slow for:
+/// "lossless" makes it wait (up to its max-wait), "leaky" lets it skip, and "auto" (the
+/// default) is lossless except for live raw video (a camera), which is leaky: audio, encoded
+/// video and streams that are not live lose nothing. `lossless=True` / `False` (kept for older
+/// code) is `mode="lossless"` / `"leaky"`. `timeout` (seconds, None = forever) applies to waiting
 /// for the producer and to each `next_frame()`. Frames are NumPy views into the ring: a frame
 /// you hold keeps its slot, and the producer has only so many (its `client-budget`).
 ///
@@ -76,19 +79,30 @@ impl Subscriber {
 #[pymethods]
 impl Subscriber {
     #[new]
-    #[pyo3(signature = (path, lossless=false, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0))]
+    #[pyo3(signature = (path, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto"))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
-        lossless: bool,
+        lossless: Option<bool>,
         timeout: Option<f64>,
         name: Option<String>,
         producer_uid: Option<u32>,
         cuda_device: i32,
+        mode: &str,
     ) -> PyResult<Self> {
         let timeout = secs(timeout)?;
+        let mode = match lossless {
+            Some(true) => Delivery::Lossless,
+            Some(false) => Delivery::Leaky,
+            None => Delivery::from_name(mode).ok_or_else(|| {
+                pyo3::exceptions::PyValueError::new_err(format!(
+                    "mode {mode:?} is not one of \"auto\", \"lossless\", \"leaky\""
+                ))
+            })?,
+        };
         let mut opts = ConnectOptions {
-            lossless,
+            mode,
             timeout: timeout.unwrap_or(Duration::MAX),
             producer_uid,
             ..Default::default()

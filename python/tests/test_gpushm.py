@@ -206,6 +206,8 @@ def test_bad_arguments_say_why(sock):
         gpushm.Publisher(sock, "YUY2", 64, 48)
     with pytest.raises(ValueError, match="timeout"):
         gpushm.Subscriber(sock, timeout=-5)
+    with pytest.raises(ValueError, match="auto.*lossless.*leaky"):
+        gpushm.Subscriber(sock, mode="sometimes")
 
 
 def test_a_slot_is_never_written_once_published(sock):

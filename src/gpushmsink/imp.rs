@@ -194,6 +194,7 @@ impl GpuShmSink {
                 gst::Structure::builder("client")
                     .field("id", c.id)
                     .field("pid", c.pid)
+                    .field("mode", c.mode.name())
                     .field("lossless", c.lossless)
                     .field("frames-sent", c.sent)
                     .field("frames-dropped", c.dropped)
@@ -677,7 +678,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, lossless, frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds)")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, mode (leaky, lossless or auto, as the consumer asked), lossless (whether it is waited for: its mode applied to this stream), frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds)")
                     .read_only()
                     .build(),
             ]

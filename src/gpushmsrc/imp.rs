@@ -52,6 +52,7 @@ use gst_base::subclass::prelude::*;
 use once_cell::sync::Lazy;
 
 use super::receiver::{Config, Details, Item, Reader, Received, Receiver, Shared};
+use super::DeliveryMode;
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
@@ -70,7 +71,7 @@ pub(super) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
 pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
 
 const DEFAULT_TIMEOUT: u64 = 5_000_000_000;
-const DEFAULT_LOSSLESS: bool = false;
+const DEFAULT_MODE: DeliveryMode = DeliveryMode::Auto;
 const DEFAULT_CUDA_DEVICE: i32 = -1;
 const DEFAULT_RECONNECT: bool = true;
 const DEFAULT_RECONNECT_INTERVAL: u64 = 100_000_000;
@@ -102,7 +103,7 @@ const MAX_JOIN_DELAY: u64 = 1_000_000_000;
 struct Settings {
     socket_path: Option<PathBuf>,
     timeout: u64,
-    lossless: bool,
+    mode: DeliveryMode,
     cuda_device: i32,
     cuda_register: CudaRegister,
     reconnect: bool,
@@ -118,7 +119,7 @@ impl Default for Settings {
         Self {
             socket_path: None,
             timeout: DEFAULT_TIMEOUT,
-            lossless: DEFAULT_LOSSLESS,
+            mode: DEFAULT_MODE,
             cuda_device: DEFAULT_CUDA_DEVICE,
             cuda_register: CudaRegister::Auto,
             reconnect: DEFAULT_RECONNECT,
@@ -278,7 +279,7 @@ impl GpuShmSrc {
                     d => pts_clock.min(d as i128),
                 };
                 // Raw video is shown at its start instead: a delay would only add latency.
-                let raw = f.caps.starts_with("video/x-raw");
+                let raw = crate::ring::format::is_raw_video(&f.caps);
                 if !raw && first < base && base - first <= MAX_JOIN_DELAY as i128 {
                     Mapping::Delayed(base - first)
                 } else {
@@ -319,7 +320,7 @@ impl GpuShmSrc {
             b.set_flags(gst::BufferFlags::DISCONT);
         }
         let mut pts = running(mapped);
-        if f.caps.starts_with("video/x-raw") {
+        if crate::ring::format::is_raw_video(&f.caps) {
             // Raw video has no reordering: its PTS never goes back.
             if let Some(last) = st.last_pts.filter(|&l| pts < l) {
                 pts = last;
@@ -568,10 +569,15 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_TIMEOUT)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecEnum::builder_with_default("mode", DEFAULT_MODE)
+                    .nick("Delivery mode")
+                    .blurb("Whether the producer may skip frames for this consumer. lossless: receive every frame: when this consumer's queue is full (max-size-*), the producer waits for it, up to the gpushmsink's max-wait. leaky: a consumer that falls behind drops its oldest frames and never holds the producer up. auto (the default): lossless, except for live raw video (a camera), which is leaky: audio, encoded video, any stream that is not live, and the start of a wait-for-connection producer lose nothing")
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecBoolean::builder("lossless")
                     .nick("Lossless")
-                    .blurb("Receive every frame: when this consumer's queue is full (max-size-*), the producer waits for it, up to the gpushmsink's max-wait. When false (leaky), a consumer that falls behind drops its oldest frames and never holds the producer up")
-                    .default_value(DEFAULT_LOSSLESS)
+                    .blurb("Kept for older pipelines: true sets mode=lossless, false sets mode=leaky; reads true only when mode is lossless")
+                    .default_value(false)
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecInt::builder("cuda-device-id")
@@ -655,7 +661,14 @@ impl ObjectImpl for GpuShmSrc {
                     .map(PathBuf::from)
             }
             "timeout" => s.timeout = value.get().expect("type checked"),
-            "lossless" => s.lossless = value.get().expect("type checked"),
+            "mode" => s.mode = value.get().expect("type checked"),
+            "lossless" => {
+                s.mode = if value.get().expect("type checked") {
+                    DeliveryMode::Lossless
+                } else {
+                    DeliveryMode::Leaky
+                }
+            }
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
             "cuda-register" => s.cuda_register = value.get().expect("type checked"),
             "reconnect" => s.reconnect = value.get().expect("type checked"),
@@ -677,7 +690,8 @@ impl ObjectImpl for GpuShmSrc {
                 .map(|p| p.to_string_lossy().into_owned())
                 .to_value(),
             "timeout" => self.settings().timeout.to_value(),
-            "lossless" => self.settings().lossless.to_value(),
+            "mode" => self.settings().mode.to_value(),
+            "lossless" => (self.settings().mode == DeliveryMode::Lossless).to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
             "cuda-register" => self.settings().cuda_register.to_value(),
             "reconnect" => self.settings().reconnect.to_value(),
@@ -777,7 +791,8 @@ impl BaseSrcImpl for GpuShmSrc {
         // in place: zero-copy GPU access beats the protection there.
         let writable_ring = cuda.as_ref().is_some_and(|d| self.needs_writable_ring(d));
         let opts = ConnectOptions {
-            lossless: s.lossless,
+            mode: s.mode.into(),
+            lossless: false,
             writable_ring,
             name: self.obj().name().to_string(),
             timeout: Duration::from_nanos(s.timeout),

@@ -6,6 +6,39 @@ mod imp;
 mod receiver;
 pub use imp::PUBLISH_TIMESTAMP_CAPS;
 
+/// gpushmsrc's `mode`: the core crate's [`gpushm::client::Delivery`] as a GStreamer enum.
+#[derive(Debug, Eq, PartialEq, Hash, Clone, Copy, glib::Enum, Default)]
+#[repr(u32)]
+#[enum_type(name = "GstGpuShmDelivery")]
+pub enum DeliveryMode {
+    #[enum_value(
+        name = "Leaky: frames this consumer is too slow for are skipped",
+        nick = "leaky"
+    )]
+    Leaky = 0,
+    #[enum_value(
+        name = "Lossless: the producer waits for this consumer (up to its max-wait)",
+        nick = "lossless"
+    )]
+    Lossless = 1,
+    #[enum_value(
+        name = "Auto: lossless, except for live raw video (leaky)",
+        nick = "auto"
+    )]
+    #[default]
+    Auto = 2,
+}
+
+impl From<DeliveryMode> for gpushm::client::Delivery {
+    fn from(m: DeliveryMode) -> Self {
+        match m {
+            DeliveryMode::Leaky => Self::Leaky,
+            DeliveryMode::Lossless => Self::Lossless,
+            DeliveryMode::Auto => Self::Auto,
+        }
+    }
+}
+
 glib::wrapper! {
     pub struct GpuShmSrc(ObjectSubclass<imp::GpuShmSrc>) @extends gst_base::PushSrc, gst_base::BaseSrc, gst::Element, gst::Object;
 }

@@ -917,6 +917,11 @@ impl Worker {
         }
         if let Item::Frame(f) = &item {
             let size = f.buffer.size() as u64;
+            let lossless = self
+                .cfg
+                .opts
+                .delivery()
+                .lossless_for(f.details.meta.live, &f.details.caps);
             loop {
                 if q.stopping {
                     return false;
@@ -924,7 +929,7 @@ impl Worker {
                 if !self.full(&q, size, f.details.arrival_ns) {
                     break;
                 }
-                if self.cfg.opts.lossless {
+                if lossless {
                     q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
                     if q.paused {
                         q.discont = true;
@@ -1172,6 +1177,7 @@ impl Worker {
             }
         }
         let m = frame.meta;
+        let lossless = self.cfg.opts.delivery().lossless_for(m.live, &frame.caps);
         if stream.video.is_none() {
             let dropped = conn.dropped();
             if self.shared.regate.swap(false, Ordering::Relaxed) || dropped != self.dropped_seen {
@@ -1203,7 +1209,7 @@ impl Worker {
         };
         let size = m.payload_size as usize;
         let mut copy = conn.should_copy();
-        if copy.is_some() && self.cfg.opts.lossless && !m.live {
+        if copy.is_some() && lossless && !m.live {
             // A producer that is not live loses nothing by waiting. While frames wait in our
             // own queue, downstream is only slow to take them: wait until it takes one (the
             // producer waits meanwhile) and keep this frame zero-copy.
@@ -1214,7 +1220,7 @@ impl Worker {
                 copy = conn.should_copy();
             }
         }
-        if copy.is_some() && self.cfg.opts.lossless && !m.live && !self.gave_up_waiting {
+        if copy.is_some() && lossless && !m.live && !self.gave_up_waiting {
             // Our queue is empty: downstream holds the frames. Give it a moment to hand one
             // back. Downstream that keeps frames until it gets more (an encoder's lookahead)
             // is not waited for again until it has handed frames back.
