@@ -52,20 +52,12 @@ use gst_base::subclass::prelude::*;
 use once_cell::sync::Lazy;
 
 use super::receiver::{Config, Details, Item, Reader, Received, Receiver, Shared};
-use super::DeliveryMode;
+use super::{DeliveryMode, CAT};
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
 use crate::ring::client::ConnectOptions;
 use crate::ring::layout::NONE_U64;
-
-pub(super) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
-    gst::DebugCategory::new(
-        "gpushmsrc",
-        gst::DebugColorFlags::empty(),
-        Some("GPU shared-memory video source"),
-    )
-});
 
 /// Caps of the GstReferenceTimestampMeta holding the producer's publish time.
 pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";

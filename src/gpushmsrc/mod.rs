@@ -4,6 +4,15 @@ use gst::prelude::*;
 
 mod imp;
 mod receiver;
+
+/// The element's debug category, shared by its streaming side (imp) and its receiver.
+static CAT: once_cell::sync::Lazy<gst::DebugCategory> = once_cell::sync::Lazy::new(|| {
+    gst::DebugCategory::new(
+        "gpushmsrc",
+        gst::DebugColorFlags::empty(),
+        Some("GPU shared-memory video source"),
+    )
+});
 pub use imp::PUBLISH_TIMESTAMP_CAPS;
 
 /// gpushmsrc's `mode`: the core crate's [`gpushm::client::Delivery`] as a GStreamer enum.

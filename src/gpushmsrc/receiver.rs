@@ -29,7 +29,7 @@ use gst::glib;
 use gst::glib::translate::IntoGlib;
 use gst::prelude::*;
 
-use super::imp::CAT;
+use super::CAT;
 use crate::memory::{wrap_slot_memory, wrap_slot_memory_keeping};
 use crate::ring::client::{ConnectOptions, Frame, Subscriber, Waker};
 use crate::ring::consumer::ConsumerRing;
