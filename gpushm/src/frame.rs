@@ -35,6 +35,8 @@ pub struct FrameMeta {
     pub timecode: Option<TimeCode>,
     /// The producer's pipeline is live.
     pub live: bool,
+    /// The producer's pipeline clock less CLOCK_MONOTONIC, ns (see [`crate::time`]).
+    pub clock_offset: i64,
 }
 
 /// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).

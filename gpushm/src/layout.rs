@@ -129,7 +129,9 @@ pub struct SlotDesc {
     /// bytes of one component (0: components are not whole bytes, like v210), components a
     /// pixel, byte order. With these a consumer views any format without a table of its own.
     pub plane_components: [AtomicU32; MAX_PLANES],
-    pub _reserved: [AtomicU64; 1],
+    /// The producer's pipeline clock less CLOCK_MONOTONIC (ns, two's complement): 0 for the
+    /// default system clock, the measured difference for any other (see [`crate::time`]).
+    pub clock_offset: AtomicU64,
 }
 
 /// `SlotDesc::stream_flags` bit: the producer's pipeline is live.

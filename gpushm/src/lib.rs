@@ -8,6 +8,7 @@
 //! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
 //! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
 //! - [`format`]: raw video formats, plane geometry and caps strings, for apps.
+//! - [`time`]: the one mapping of a producer's timestamps into a consumer's running time.
 //! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
 //! - [`publisher`]: the producer's socket, clients and the policy that decides which client
 //!   gets which frame (budgets, lossless and leaky, lagging clients, max-clients).
@@ -22,6 +23,7 @@ pub mod layout;
 pub mod producer;
 pub mod publisher;
 pub mod shm;
+pub mod time;
 pub mod wire;
 
 use std::fmt;

@@ -200,6 +200,7 @@ impl ProducerRing {
             d.plane_components[i].store(m.plane_components[i], r);
         }
         d.latency.store(m.latency, r);
+        d.clock_offset.store(m.clock_offset as u64, r);
         let tc = m.timecode.unwrap_or_default();
         let present = if m.timecode.is_some() { TC_PRESENT } else { 0 };
         d.tc_flags.store(present | tc.flags << 8, r);

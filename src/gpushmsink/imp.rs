@@ -126,6 +126,9 @@ enum State {
 pub struct GpuShmSink {
     settings: Mutex<Settings>,
     state: Mutex<State>,
+    /// The pipeline clock last seen, and whether it is CLOCK_MONOTONIC itself (GstSystemClock's
+    /// default): its offset is then published as exactly 0.
+    clock_kind: Mutex<Option<(gst::Clock, bool)>>,
 }
 
 impl Default for GpuShmSink {
@@ -133,6 +136,7 @@ impl Default for GpuShmSink {
         Self {
             settings: Mutex::new(Settings::default()),
             state: Mutex::new(State::Stopped),
+            clock_kind: Mutex::new(None),
         }
     }
 }
@@ -438,6 +442,33 @@ impl GpuShmSink {
         Ok(())
     }
 
+    /// The pipeline clock's time less CLOCK_MONOTONIC, published with every frame so that
+    /// consumers map its timestamps (gpushm's `time` module): exactly 0 for the system clock
+    /// on CLOCK_MONOTONIC (GStreamer's default), measured for any other.
+    fn clock_offset(&self) -> i64 {
+        let Some(clock) = self.obj().clock() else {
+            return 0;
+        };
+        let mut kind = self.clock_kind.lock().unwrap_or_else(|e| e.into_inner());
+        let monotonic = match &*kind {
+            Some((c, mono)) if *c == clock => *mono,
+            _ => {
+                let mono = clock.downcast_ref::<gst::SystemClock>().is_some_and(|c| {
+                    c.property::<gst::ClockType>("clock-type") == gst::ClockType::Monotonic
+                });
+                *kind = Some((clock.clone(), mono));
+                mono
+            }
+        };
+        drop(kind);
+        if monotonic {
+            0
+        } else {
+            (clock.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128)
+                .clamp(i64::MIN as i128, i64::MAX as i128) as i64
+        }
+    }
+
     fn frame_meta(
         &self,
         buffer: &gst::BufferRef,
@@ -456,11 +487,17 @@ impl GpuShmSink {
             )
         };
         let segment = segment.downcast_ref::<gst::format::Time>();
+        // Signed running time: a DTS before the segment's start (x264enc's B-frames, whose
+        // first DTS come before the first PTS) still has its clock time.
         let clock = |t: Option<gst::ClockTime>| -> u64 {
             match (t, base, segment) {
-                (Some(t), Some(base), Some(seg)) => seg
-                    .to_running_time(t)
-                    .map_or(NONE_U64, |rt| (rt + base).nseconds()),
+                (Some(t), Some(base), Some(seg)) => match seg.to_running_time_full(t) {
+                    Some(gst::Signed::Positive(rt)) => (rt + base).nseconds(),
+                    Some(gst::Signed::Negative(rt)) => {
+                        base.checked_sub(rt).map_or(NONE_U64, |c| c.nseconds())
+                    }
+                    None => NONE_U64,
+                },
                 _ => NONE_U64,
             }
         };
@@ -479,6 +516,7 @@ impl GpuShmSink {
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
             latency: obj.latency().nseconds(),
             timecode: tc,
+            clock_offset: self.clock_offset(),
             ..Default::default()
         };
         // Other caps: opaque bytes, no planes.

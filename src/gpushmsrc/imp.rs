@@ -23,12 +23,17 @@
  * (`max-size-buffers`, `max-size-bytes`, `max-size-time`).
  *
  * Caps come from the producer: no caps are needed on the command line, and the source
- * renegotiates when the producer's caps change. Timestamps from a producer on this machine's
- * monotonic clock are mapped onto this pipeline's running time, so the latency tracer shows
- * the real cross-process latency and the latency answered is the producer pipeline's. A
- * producer on another clock, or running ahead of real time (not live, sync=false), is detected
- * (one warning) and its frames are placed at their publish time: timestamps are never in the
- * future. Every buffer flag (interlacing included) and GstVideoTimeCodeMeta travel. Each
+ * renegotiates when the producer's caps change. Timestamps are the producer's, mapped onto
+ * this pipeline's running time by the gpushm crate's one mapping (its `time` module): shifted
+ * by the producer pipeline's latency, so that a live producer's frames are stamped about when
+ * they were published (5 ms of latency answered) and streams of one producer pipeline (audio
+ * and video through two gpushmsinks) keep its relative offset exactly in one consumer
+ * pipeline; a connection whose first frame is older than this pipeline (a wait-for-connection
+ * producer, a stream that is not live) is delayed just enough to start at 0 with the
+ * producer's spacing; a producer on another clock (an audio device's, a realtime system clock)
+ * says how its clock relates to CLOCK_MONOTONIC; DTS travel (B-frames' DTS before their first
+ * PTS included). A live producer's frames are never stamped in the future; one that is not
+ * live keeps its timestamps, ahead of real time included. Every buffer flag (interlacing included) and GstVideoTimeCodeMeta travel. Each
  * buffer also carries a GstReferenceTimestampMeta with caps `timestamp/x-gpushm-publish`: the
  * CLOCK_MONOTONIC time the producer published it.
  *
@@ -58,6 +63,7 @@ use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
 use crate::ring::client::ConnectOptions;
 use crate::ring::layout::NONE_U64;
+use crate::ring::time::TimeMap;
 
 /// Caps of the GstReferenceTimestampMeta holding the producer's publish time.
 pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
@@ -71,25 +77,10 @@ const DEFAULT_MAX_SIZE_BUFFERS: u32 = 0;
 const DEFAULT_PRODUCER_UID: i64 = -1;
 const DEFAULT_MAX_SIZE_BYTES: u64 = 256 << 20;
 const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
-/// How far past its publish time a frame's mapped timestamp may lie before the producer's
-/// timestamps are taken to be on another clock (or running ahead of real time). A producer
-/// that syncs publishes at or after its timestamps, give or take the system clock's early
-/// wake-up (up to 0.5 ms).
-const FUTURE_TOLERANCE: u64 = 1_000_000;
-/// Frames whose timestamps are shifted onto our clock are placed this long before their
-/// publish time (and this latency is answered), so that a frame published a little earlier
-/// than the first one, relative to its timestamp, does not force a new anchor.
-const SHIFT_MARGIN: u64 = 5_000_000;
-/// Largest timestamp handed to GStreamer (GST_CLOCK_TIME_NONE is u64::MAX).
-const MAX_CLOCK_TIME: i128 = (u64::MAX - 1) as i128;
-/// Producer pipeline latencies above this are ignored (answered as 0).
-const MAX_PRODUCER_LATENCY: u64 = 10_000_000_000;
-/// A producer on our clock publishes its frames at most this long after their timestamps;
-/// frames stamped earlier come from another clock.
-const DIRECT_WINDOW: u64 = 10_000_000_000;
-/// A stream joined mid-way is delayed at most this much to keep its timestamps continuous
-/// (see [`Mapping::Delayed`]); older first frames start a new run at running time 0 instead.
-const MAX_JOIN_DELAY: u64 = 1_000_000_000;
+/// The latency this source answers for its timestamps (see [`crate::ring::time`]): a frame is
+/// stamped about when its producer published it, so it needs only the time to reach us and
+/// be pushed.
+const ANSWERED_LATENCY: u64 = 5_000_000;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -124,46 +115,24 @@ impl Default for Settings {
     }
 }
 
-/// How the producer's timestamps become ours, decided per producer connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mapping {
-    /// Not decided yet (no frame since this pipeline started playing).
-    Undecided,
-    /// Both pipelines run on this machine's monotonic clock: the producer's clock times are
-    /// ours, so the real latency shows.
-    Direct,
-    /// The producer's times are shifted by this many ns (they came from another clock, from
-    /// before this pipeline started, or run ahead of real time): each frame is placed at the
-    /// moment it was published, keeping the producer's spacing.
-    Shifted(i128),
-    /// On our clock, but the first frame was stamped before this pipeline started (it
-    /// joined a running stream): every frame is delayed by this many ns, so that the first
-    /// one starts at running time 0 and the spacing (audio continuity) holds. Not for raw
-    /// video, whose first frames are shown at the start instead.
-    Delayed(i128),
-}
-
 struct Started {
     receiver: Receiver,
     /// Caps string last set on the pad.
     pad_caps: Option<Arc<str>>,
-    mapping: Mapping,
-    /// The last timestamp placed by a shifted mapping, on our clock (re-anchoring never
-    /// goes back past it).
-    last_mapped: i128,
+    /// The producer's times into our running time, per connection (the gpushm crate's one
+    /// mapping for every binding).
+    map: TimeMap,
+    /// Our clock, and whether it is CLOCK_MONOTONIC itself (GstSystemClock's default): then
+    /// its offset is exactly 0, so the producer's spacing is kept to the nanosecond.
+    clock_is_monotonic: Option<(gst::Clock, bool)>,
     /// The last raw-video PTS pushed (running time): never gone back past. After a pause, a
     /// frame stamped just before this pipeline played again would map before it.
     last_pts: Option<gst::ClockTime>,
     serial: u64,
     /// The latency this source last answered (ns).
     answered_latency: Option<u64>,
-    clock_warned: bool,
-    /// A clock warning to post (how far ahead the producer's timestamps were, ns).
-    clock_warning: Option<u64>,
     /// The latency changed since the pipeline last asked: post a Latency message.
     latency_changed: bool,
-    /// The last frame's timestamp was before this pipeline's start (shown at 0).
-    clamped: bool,
     /// The GPU frames are registered with (cuda-register=always, or downstream asked).
     cuda: Option<Arc<crate::cuda::Device>>,
     /// Downstream asked for GpuShmCudaMeta (auto): the device was looked for.
@@ -203,129 +172,64 @@ impl GpuShmSrc {
     /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
     /// the shift margin when they are placed at their publish time, otherwise the producer
     /// pipeline's own latency, which is how long after its timestamp a frame is published.
-    fn latency(&self, st: &Started, does_timestamp: bool) -> u64 {
+    fn latency(&self, _st: &Started, does_timestamp: bool) -> u64 {
         if does_timestamp {
-            return 0;
-        }
-        if matches!(st.mapping, Mapping::Shifted(_)) {
-            return SHIFT_MARGIN;
-        }
-        // A delayed stream (Mapping::Delayed) needs no more: it was delayed by less than
-        // the time its first frame took to arrive, which the producer's latency covers.
-        match st.receiver.reader.shared.latency.load(Ordering::Relaxed) {
-            NONE_U64 => 0,
-            // A producer claiming more is broken or hostile: sinks would wait that long.
-            l if l > MAX_PRODUCER_LATENCY => 0,
-            l => l,
+            0
+        } else {
+            ANSWERED_LATENCY
         }
     }
 
-    /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time.
-    /// Never in the future: timestamps that would be are re-anchored to the publish time, with
-    /// one warning.
+    /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time
+    /// by the gpushm crate's one mapping ([`crate::ring::time`]).
     fn timestamp(&self, st: &mut Started, t: &Timing, b: &mut gst::BufferRef, f: &Details) {
         if t.does_timestamp {
             return;
         }
         let m = &f.meta;
-        let (Some(_), Some(base)) = (&t.clock, t.base) else {
+        let (Some(clock), Some(base)) = (&t.clock, t.base) else {
             b.set_pts(clock_time(m.pts));
             b.set_dts(clock_time(m.dts));
             return;
         };
         if st.serial != f.conn_serial {
             st.serial = f.conn_serial;
-            st.mapping = Mapping::Undecided;
-            st.last_mapped = i128::MIN;
+            st.map = TimeMap::new();
             st.last_pts = None;
         }
-        let base = base.nseconds() as i128;
-        // The publish moment on our pipeline's clock (publish_ns is CLOCK_MONOTONIC; a bogus
-        // one, after the frame arrived, falls back to our arrival stamp).
-        let published = if m.publish_ns <= f.arrival_ns {
-            m.publish_ns
-        } else {
-            f.arrival_ns
-        };
-        let pub_ours = published as i128 + t.offset;
-        // Clamped: values read from shared memory can be anything, and ClockTime cannot hold
-        // u64::MAX.
-        let running =
-            |t: i128| gst::ClockTime::from_nseconds((t - base).clamp(0, MAX_CLOCK_TIME) as u64);
-        if m.pts_clock == NONE_U64 {
-            // No clock time: place it at its publish time.
-            b.set_pts(running(pub_ours));
-            b.set_dts(gst::ClockTime::NONE);
-            return;
-        }
-        let pts_clock = m.pts_clock as i128;
-        let tolerance = FUTURE_TOLERANCE as i128;
-        let margin = SHIFT_MARGIN as i128;
-        if st.mapping == Mapping::Undecided {
-            st.mapping = if pts_clock <= pub_ours + tolerance
-                && pts_clock >= pub_ours - DIRECT_WINDOW as i128
-            {
-                // The earliest stamp of this frame (DTS comes first with B-frames).
-                let first = match m.dts_clock {
-                    NONE_U64 => pts_clock,
-                    d => pts_clock.min(d as i128),
-                };
-                // Raw video is shown at its start instead: a delay would only add latency.
-                let raw = crate::ring::format::is_raw_video(&f.caps);
-                if !raw && first < base && base - first <= MAX_JOIN_DELAY as i128 {
-                    Mapping::Delayed(base - first)
-                } else {
-                    Mapping::Direct
-                }
-            } else {
-                if pts_clock > pub_ours {
-                    self.warn_clock(st, (pts_clock - pub_ours) as u64);
-                }
-                // Placed `margin` before its publish time, but not before this pipeline
-                // started (it connected when it went to PLAYING).
-                let m = margin.min((pub_ours - base).max(0));
-                Mapping::Shifted(pub_ours - m - pts_clock)
-            };
-            self.post_latency_if_changed(st, t);
-        }
-        let (shift, delay) = match st.mapping {
-            Mapping::Shifted(s) => (s, 0),
-            Mapping::Delayed(d) => (d, d),
-            _ => (0, 0),
-        };
-        let mut mapped = pts_clock + shift;
-        // A delayed stream is ahead of its publish times by the delay, on purpose.
-        if mapped - delay > pub_ours + tolerance {
-            // Runs ahead of real time (a producer that is not live, with sync=false): place
-            // frames at their publish time from now on, never before the previous one.
-            self.warn_clock(st, (mapped - pub_ours) as u64);
-            mapped = (pub_ours - margin).max(st.last_mapped);
-            st.mapping = Mapping::Shifted(mapped - pts_clock);
-            self.post_latency_if_changed(st, t);
-        }
-        st.last_mapped = mapped;
-        if mapped < base {
-            // Stamped before this pipeline started playing: shown at its start, and the next
-            // frame starts a new run of timestamps.
-            st.clamped = true;
-        } else if std::mem::take(&mut st.clamped) {
-            b.set_flags(gst::BufferFlags::DISCONT);
-        }
-        let mut pts = running(mapped);
-        if crate::ring::format::is_raw_video(&f.caps) {
-            // Raw video has no reordering: its PTS never goes back.
-            if let Some(last) = st.last_pts.filter(|&l| pts < l) {
-                pts = last;
+        // Our clock's time less CLOCK_MONOTONIC: exactly 0 for the system clock on it.
+        let monotonic = match &st.clock_is_monotonic {
+            Some((c, mono)) if c == clock => *mono,
+            _ => {
+                let mono = clock.downcast_ref::<gst::SystemClock>().is_some_and(|c| {
+                    c.property::<gst::ClockType>("clock-type") == gst::ClockType::Monotonic
+                });
+                st.clock_is_monotonic = Some((clock.clone(), mono));
+                mono
             }
-            st.last_pts = Some(pts);
+        };
+        let offset = if monotonic { 0 } else { t.offset };
+        // A bogus publish time (after the frame arrived) falls back to our arrival stamp.
+        let published = m.publish_ns.min(f.arrival_ns) as i128;
+        let mapped = st.map.map(m, base.nseconds() as i128 - offset, published);
+        let mut pts = mapped.pts.map(gst::ClockTime::from_nseconds);
+        if crate::ring::format::is_raw_video(&f.caps) {
+            // Raw video has no reordering: its PTS never goes back (after a pause, a frame
+            // stamped just before this pipeline played again would map before the last).
+            if let (Some(p), Some(last)) = (pts, st.last_pts) {
+                if p < last {
+                    pts = Some(last);
+                }
+            }
+            if pts.is_some() {
+                st.last_pts = pts;
+            }
         }
         b.set_pts(pts);
-        b.set_dts(if m.dts_clock == NONE_U64 {
-            gst::ClockTime::NONE
-        } else {
-            // Never after the PTS (nor, then, in the future).
-            Some(running((m.dts_clock as i128 + (mapped - pts_clock)).min(mapped)).min(pts))
-        });
+        b.set_dts(mapped.dts.map(gst::ClockTime::from_nseconds));
+        if mapped.discont {
+            b.set_flags(gst::BufferFlags::DISCONT);
+        }
     }
 
     /// What timestamp() reads from the element, read at once.
@@ -340,13 +244,6 @@ impl GpuShmSrc {
             clock,
             base: obj.base_time(),
             offset,
-        }
-    }
-
-    /// Notes the clock warning, posted once (by create(), without the state lock).
-    fn warn_clock(&self, st: &mut Started, ahead: u64) {
-        if !std::mem::replace(&mut st.clock_warned, true) {
-            st.clock_warning = Some(ahead);
         }
     }
 
@@ -638,6 +535,11 @@ impl ObjectImpl for GpuShmSrc {
                     .blurb("Buffers of an encoded stream skipped while waiting for a keyframe (DELTA_UNIT buffers after joining mid-stream or after frames were dropped), so that decoders start clean")
                     .read_only()
                     .build(),
+                glib::ParamSpecBoolean::builder("producer-live")
+                    .nick("Producer is live")
+                    .blurb("Whether the producer's pipeline is live, as its newest frame says. A live producer's frames are stamped about when it published them, never later; a producer that is not live keeps its own timestamps, ahead of real time included (a file read flat out), so a syncing consumer plays them at their pace")
+                    .read_only()
+                    .build(),
             ]
         });
         PROPERTIES.as_ref()
@@ -700,6 +602,10 @@ impl ObjectImpl for GpuShmSrc {
             "frames-skipped" => self
                 .shared()
                 .map_or(0u64, |s| s.skipped.load(Ordering::Relaxed))
+                .to_value(),
+            "producer-live" => self
+                .shared()
+                .is_some_and(|s| s.producer_live.load(Ordering::Relaxed))
                 .to_value(),
             _ => unimplemented!(),
         }
@@ -813,15 +719,12 @@ impl BaseSrcImpl for GpuShmSrc {
         *self.state() = Some(Started {
             receiver,
             pad_caps: None,
-            mapping: Mapping::Undecided,
-            last_mapped: i128::MIN,
+            map: TimeMap::new(),
+            clock_is_monotonic: None,
             last_pts: None,
             serial: 0,
             answered_latency: None,
-            clock_warned: false,
-            clock_warning: None,
             latency_changed: false,
-            clamped: false,
             cuda,
             cuda_asked: false,
         });
@@ -957,7 +860,7 @@ impl PushSrcImpl for GpuShmSrc {
                         st.pad_caps = Some(c);
                     }
                 }
-                let (warning, latency_changed) = {
+                let latency_changed = {
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
                     if let Some(dev) = &st.cuda {
@@ -968,20 +871,9 @@ impl PushSrcImpl for GpuShmSrc {
                         b.set_flags(gst::BufferFlags::DISCONT);
                     }
                     self.post_latency_if_changed(st, &timing);
-                    (
-                        st.clock_warning.take(),
-                        std::mem::take(&mut st.latency_changed),
-                    )
+                    std::mem::take(&mut st.latency_changed)
                 };
                 drop(guard);
-                if let Some(ahead) = warning {
-                    gst::element_imp_warning!(
-                        self,
-                        gst::StreamError::Format,
-                        ("The producer's timestamps are {} ms ahead of when it publishes frames: frames are timestamped by when they were published", ahead / 1_000_000),
-                        ["The producer's pipeline is not live and renders with sync=false, or it does not run on this machine's monotonic clock (GstSystemClock's default). Timestamps keep the producer's spacing where they can."]
-                    );
-                }
                 if latency_changed {
                     let _ = self
                         .obj()

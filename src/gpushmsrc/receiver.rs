@@ -173,6 +173,8 @@ pub(super) struct Shared {
     pub caps: Mutex<Option<Arc<str>>>,
     /// The producer pipeline's latency from its newest frame (`NONE_U64`: unknown).
     pub latency: AtomicU64,
+    /// The producer's pipeline is live, as its newest frame says.
+    pub producer_live: AtomicBool,
     /// Frames the producer did not hand us, over every connection.
     pub producer_dropped: AtomicU64,
     /// Frames dropped from our own queue (leaky, downstream blocked past max-size-*).
@@ -1428,6 +1430,7 @@ impl Worker {
         if m.latency != NONE_U64 {
             self.shared.latency.store(m.latency, Ordering::Relaxed);
         }
+        self.shared.producer_live.store(m.live, Ordering::Relaxed);
         Ok(Some(Received {
             buffer,
             details: Details {

@@ -232,8 +232,11 @@ fn main() {
             }
             last_n = Some(n);
             let pts = buffer.pts();
-            // Never in the future: a syncing sink must be able to play every frame.
-            if let (Some(p), Some(r)) = (pts, running) {
+            // A live producer's frames are never in the future: a syncing sink must be able to
+            // play every frame. (One that is not live keeps its own timestamps, ahead of real
+            // time included: a syncing sink plays them at their pace.)
+            let live = src.property::<bool>("producer-live");
+            if let (Some(p), Some(r), true) = (pts, running, live) {
                 if p > r + gst::ClockTime::from_mseconds(1) {
                     pts_errors += 1;
                     println!("PTS_IN_FUTURE n={n} pts={p} running_time={r}");
@@ -251,8 +254,6 @@ fn main() {
             last_pts = pts;
             match (first, pts, buffer.duration()) {
                 (None, Some(p), _) => first = Some((n, p)),
-                // A producer running ahead of real time (not live, sync=false) is placed at its
-                // publish times: only a live or syncing producer's spacing is kept.
                 (Some(_), Some(_), Some(_)) if !a.exact_pts => {}
                 (Some((n0, p0)), Some(p), Some(d)) => {
                     // Sources round n * 1s / fps while the duration is truncated: allow the

@@ -1,0 +1,277 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Time and the start of a stream, with real producer and consumer processes: the gpushm
+//! crate's one timestamp mapping (its `time` module) as consumers see it. Non-live streams
+//! keep their spacing from the first frame, late joiners get strictly increasing PTS, audio
+//! and video of one producer keep their offset in one consumer pipeline.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::time::Duration;
+
+use gst::prelude::*;
+
+/// Real-time pipelines: one at a time on a 2-core machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// frame_checker as a default consumer (mode=auto), printing each frame, with `extra`.
+fn checker(sock: &Path, extra: &[&str]) -> Proc {
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--print",
+        "--src-props",
+        "mode=auto",
+    ]);
+    c.args(extra);
+    Proc::spawn(c, "frame_checker")
+}
+
+/// The PTS (ns) of every FRAME line, in arrival order.
+fn frame_pts(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter(|l| l.starts_with("FRAME "))
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("pts=")))
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+fn producer(pipeline: &str, sock: &Path) -> Proc {
+    let p = Proc::spawn(
+        gst_launch(&pipeline.replace("{sock}", sock.to_str().unwrap())),
+        "producer",
+    );
+    wait_for_path(sock, Duration::from_secs(10));
+    p
+}
+
+fn strictly_increasing(pts: &[u64]) -> bool {
+    pts.windows(2).all(|w| w[1] > w[0])
+}
+
+/// A producer that is not live, waiting for its first consumer: a default consumer gets all
+/// 60 frames with the producer's exact spacing from the first one, whether its sink syncs or
+/// not (three runs each). Before, the first frames were all stamped 0.
+#[test]
+fn a_non_live_stream_keeps_its_spacing_from_the_first_frame() {
+    init();
+    let _g = serial();
+    for run in 0..3 {
+        for sync in [false, true] {
+            let dir = tmpdir();
+            let sock = dir.path().join("nonlive.sock");
+            let p = producer(
+                "videotestsrc num-buffers=60 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+                 ! gpushmsink socket-path={sock} wait-for-connection=true",
+                &sock,
+            );
+            let mut extra = vec!["--exact-pts"];
+            if sync {
+                extra.push("--sync");
+            }
+            let (cs, out) = checker(&sock, &extra).finish(Duration::from_secs(30));
+            let (ps, pout) = p.finish(Duration::from_secs(30));
+            assert!(ps.success() && cs.success(), "{pout:?}\n{out:?}");
+            let s = fields(&out, "SUMMARY ");
+            assert_eq!(num(&s, "frames"), 60.0, "run {run}, sync {sync}: {out:?}");
+            assert_eq!(
+                num(&s, "pts_errors"),
+                0.0,
+                "run {run}, sync {sync}: {out:?}"
+            );
+            let pts = frame_pts(&out);
+            assert!(strictly_increasing(&pts), "{pts:?}");
+            // 59 frame durations of 33.33 ms between the first and the last.
+            let span = pts[59] - pts[0];
+            assert!(span.abs_diff(1_966_666_667) < 60, "span {span}: {pts:?}");
+        }
+    }
+}
+
+/// A producer that is not live and renders flat out (sync=false) into a consumer whose sink
+/// does not sync: strictly increasing PTS with the producer's spacing (three runs).
+#[test]
+fn a_flat_out_producer_gives_a_non_syncing_consumer_strictly_increasing_pts() {
+    init();
+    let _g = serial();
+    for run in 0..3 {
+        let dir = tmpdir();
+        let sock = dir.path().join("flat.sock");
+        let p = producer(
+            "videotestsrc num-buffers=100 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+             ! gpushmsink socket-path={sock} wait-for-connection=true sync=false",
+            &sock,
+        );
+        let (cs, out) = checker(&sock, &["--exact-pts"]).finish(Duration::from_secs(30));
+        let (ps, pout) = p.finish(Duration::from_secs(30));
+        assert!(ps.success() && cs.success(), "{pout:?}\n{out:?}");
+        let s = fields(&out, "SUMMARY ");
+        assert_eq!(num(&s, "frames"), 100.0, "run {run}: {out:?}");
+        assert_eq!(num(&s, "pts_errors"), 0.0, "run {run}: {out:?}");
+        assert!(strictly_increasing(&frame_pts(&out)), "run {run}: {out:?}");
+    }
+}
+
+/// A default consumer started 1 s after a live wait-for-connection producer, and one joining
+/// a running live stream, get strictly increasing PTS, never in the future (three runs).
+#[test]
+fn late_joiners_get_strictly_increasing_pts() {
+    init();
+    let _g = serial();
+    for run in 0..3 {
+        for wait in [true, false] {
+            let dir = tmpdir();
+            let sock = dir.path().join("late.sock");
+            let p = producer(
+                &format!(
+                    "videotestsrc is-live=true num-buffers=90 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+                     ! gpushmsink socket-path={{sock}} wait-for-connection={wait}"
+                ),
+                &sock,
+            );
+            std::thread::sleep(Duration::from_secs(1));
+            let (cs, out) = checker(&sock, &["--sync"]).finish(Duration::from_secs(30));
+            let (ps, pout) = p.finish(Duration::from_secs(30));
+            assert!(ps.success() && cs.success(), "{pout:?}\n{out:?}");
+            let s = fields(&out, "SUMMARY ");
+            assert!(num(&s, "frames") >= 30.0, "run {run}, wait {wait}: {out:?}");
+            // PTS_IN_FUTURE and PTS going back count as errors.
+            assert_eq!(
+                num(&s, "pts_errors"),
+                0.0,
+                "run {run}, wait {wait}: {out:?}"
+            );
+            assert!(
+                strictly_increasing(&frame_pts(&out)),
+                "run {run}, wait {wait}: {out:?}"
+            );
+        }
+    }
+}
+
+/// (offset, PTS) of every buffer reaching each sink named in `names`, from `gst-launch-1.0 -v`
+/// output (fakesink silent=false).
+fn sink_buffers(lines: &[String], name: &str) -> Vec<(u64, u64)> {
+    let tag = format!("({name}:sink)");
+    let ns = |t: &str| -> Option<u64> {
+        let p: Vec<&str> = t.split(':').collect();
+        let (h, m): (u64, u64) = (p.first()?.parse().ok()?, p.get(1)?.parse().ok()?);
+        let (s, f) = p.get(2)?.split_once('.')?;
+        Some(((h * 60 + m) * 60 + s.parse::<u64>().ok()?) * 1_000_000_000 + f.parse::<u64>().ok()?)
+    };
+    lines
+        .iter()
+        .filter(|l| l.contains(&tag) && l.contains("chain"))
+        .filter_map(|l| {
+            let field = |k: &str| {
+                l.split(", ")
+                    .find_map(|f| f.trim().strip_prefix(k))
+                    .map(|v| v.trim().to_string())
+            };
+            let pts = ns(&field("pts: ")?)?;
+            let offset = field("offset: ")?.parse().ok()?;
+            Some((offset, pts))
+        })
+        .collect()
+}
+
+/// Audio and video of one producer pipeline, each through its own gpushmsink, rendered by
+/// one consumer pipeline (a syncing sink each): the offset between an audio and a video
+/// buffer is the producer's, within 5 ms, with the producer on the default clock and on a
+/// realtime system clock. Before, each gpushmsrc started its own stream at 0 (audio 27–50 ms
+/// late).
+#[test]
+fn audio_and_video_of_one_producer_keep_their_offset() {
+    init();
+    let _g = serial();
+    for realtime in [false, true] {
+        let dir = tmpdir();
+        let (a, v) = (dir.path().join("a.sock"), dir.path().join("v.sock"));
+        let producer = gst::parse::launch(&format!(
+            "audiotestsrc is-live=true samplesperbuffer=480 num-buffers=400 ! audio/x-raw,rate=48000,channels=1 \
+             ! gpushmsink name=as socket-path={} \
+             videotestsrc is-live=true num-buffers=120 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+             ! gpushmsink name=vs socket-path={}",
+            a.display(),
+            v.display()
+        ))
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
+        if realtime {
+            let clock = gst::glib::Object::builder::<gst::SystemClock>()
+                .property("clock-type", gst::ClockType::Realtime)
+                .build();
+            producer.use_clock(Some(&clock));
+        }
+        // The producer's running time of each buffer, by offset, as its sinks get them.
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(bool, u64, u64)>::new()));
+        for (name, is_audio) in [("as", true), ("vs", false)] {
+            let pad = producer.by_name(name).unwrap().static_pad("sink").unwrap();
+            let seen = seen.clone();
+            pad.add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+                if let Some(b) = info.buffer() {
+                    if let Some(p) = b.pts() {
+                        seen.lock()
+                            .unwrap()
+                            .push((is_audio, b.offset(), p.nseconds()));
+                    }
+                }
+                gst::PadProbeReturn::Ok
+            });
+        }
+        producer.set_state(gst::State::Playing).unwrap();
+        wait_for_path(&a, Duration::from_secs(10));
+        wait_for_path(&v, Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(500));
+        // -v (before the pipeline) prints each fakesink's last-message.
+        let mut c = std::process::Command::new("gst-launch-1.0");
+        c.arg("-v").args(
+            format!(
+                "gpushmsrc socket-path={} ! fakesink name=asink silent=false sync=true \
+                 gpushmsrc socket-path={} ! fakesink name=vsink silent=false sync=true",
+                a.display(),
+                v.display()
+            )
+            .split_whitespace(),
+        );
+        with_plugin_path(&mut c);
+        let c = Proc::spawn(c, "consumer");
+        // The producer ends after 4 s (400 x 10 ms of audio): consumers get EOS.
+        let bus = producer.bus().unwrap();
+        let _ = bus.timed_pop_filtered(gst::ClockTime::from_seconds(20), &[gst::MessageType::Eos]);
+        let (_, out) = c.finish(Duration::from_secs(20));
+        producer.set_state(gst::State::Null).unwrap();
+        let (audio, video) = (sink_buffers(&out, "asink"), sink_buffers(&out, "vsink"));
+        assert!(
+            audio.len() > 50 && video.len() > 20,
+            "{} {}\n{out:?}",
+            audio.len(),
+            video.len()
+        );
+        let seen = seen.lock().unwrap();
+        let producer_pts = |audio: bool, offset: u64| {
+            seen.iter()
+                .find(|s| s.0 == audio && s.1 == offset)
+                .map(|s| s.2 as i64)
+                .unwrap_or_else(|| panic!("offset {offset} never reached the producer's sink"))
+        };
+        // Several pairs: each consumer offset between an audio and a video buffer is the
+        // producer's.
+        for (i, (vo, vp)) in video.iter().enumerate().step_by(5) {
+            let (ao, ap) = audio[(i * 3).min(audio.len() - 1)];
+            let consumer = *vp as i64 - ap as i64;
+            let prod = producer_pts(false, *vo) - producer_pts(true, ao);
+            assert!(
+                (consumer - prod).abs() <= 5_000_000,
+                "realtime {realtime}: video {vo} vs audio {ao}: {consumer} ns in the consumer, {prod} ns in the producer"
+            );
+        }
+    }
+}
