@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The receiver's connection to its producer: connecting, reconnecting, reading the ring one
+//! step at a time, and noticing the producer is gone.
+
+use super::*;
+
+impl Worker {
+    /// One read from the ring (connecting or reconnecting first when needed). Blocks until
+    /// something comes or the wake-up descriptor fires.
+    pub(super) fn step(&mut self) -> Step {
+        if self.done {
+            return Step::Done;
+        }
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => match self.open() {
+                Ok(c) => c,
+                Err(step) => return step,
+            },
+        };
+        // The spare of the last frame's slot first: the next frame may come in it again.
+        self.make_spare();
+        self.make_ahead();
+        let step = match conn.next_frame(None) {
+            Ok(Some(frame)) => {
+                self.shared
+                    .producer_dropped
+                    .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
+                if let Some(c) = conn.caps() {
+                    // Our copy first: the shared one's lock only when the caps changed.
+                    if self
+                        .caps_seen
+                        .as_ref()
+                        .is_none_or(|cur| !Arc::ptr_eq(cur, &c))
+                    {
+                        self.caps_seen = Some(c.clone());
+                        *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
+                    }
+                }
+                let arrival_ns = crate::ring::monotonic_ns();
+                match self.build(&conn, frame, arrival_ns) {
+                    Ok(Some(r)) => Step::Item(Item::Frame(r)),
+                    // Skipped (waiting for a keyframe): read on.
+                    Ok(None) => Step::Interrupted,
+                    Err(e) => {
+                        self.done = true;
+                        Step::Item(Item::Error(e))
+                    }
+                }
+            }
+            Ok(None) => {
+                gst::debug!(CAT, "producer sent EOS");
+                self.done = true;
+                Step::Item(Item::Eos)
+            }
+            Err(Error::Interrupted) => {
+                if self.shared.want_writable.load(Ordering::Acquire) && !self.cfg.opts.writable_ring
+                {
+                    self.cfg.opts.writable_ring = true;
+                    self.lost(
+                        conn,
+                        "Downstream reads frames with CUDA and this GPU cannot register read-only memory: reconnecting to ask the producer for a writable ring (frames published meanwhile are missed)",
+                    );
+                    return Step::Interrupted;
+                }
+                Step::Interrupted
+            }
+            Err(e) => {
+                let received = self.shared.received.load(Ordering::Relaxed);
+                let why = match e {
+                    Error::Disconnected => format!(
+                        "The producer went away (gpushmsink stopped or crashed) after {received} frames"
+                    ),
+                    e => format!("Receiving from the producer failed: {e}"),
+                };
+                if !self.cfg.reconnect {
+                    self.done = true;
+                    return Step::Item(Item::Error(gst::error_msg!(
+                        gst::ResourceError::Read,
+                        ("{}", why)
+                    )));
+                }
+                self.lost(conn, &why);
+                return Step::Interrupted;
+            }
+        };
+        self.conn = Some(conn);
+        step
+    }
+
+    /// The connection ended (or is given up for a writable one): the next step waits for a
+    /// producer on the same path. Buffers of the old producer stay valid downstream: they
+    /// keep their mapping alive.
+    pub(super) fn lost(&mut self, conn: Subscriber, why: &str) {
+        self.shared.connected.store(false, Ordering::Release);
+        // Memories made ahead over the old rings' slots.
+        self.spares.clear();
+        self.ahead = None;
+        self.next_slot.clear();
+        self.prev_slot = None;
+        self.dropped_base += conn.dropped();
+        drop(conn);
+        if let Some(el) = self.element.upgrade() {
+            gst::element_warning!(
+                el,
+                gst::ResourceError::Read,
+                (
+                    "{}; waiting for a producer on {} (reconnect=true)",
+                    why,
+                    self.cfg.path.display()
+                )
+            );
+        }
+    }
+
+    /// Connects (the first time with the configured timeout, later waiting as long as it
+    /// takes). A wake is a stop, a flush, or a request for a writable ring: the caller looks
+    /// at the flags and calls again.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn open(&mut self) -> Result<Subscriber, Step> {
+        if self.shared.want_writable.load(Ordering::Acquire) {
+            self.cfg.opts.writable_ring = true;
+        }
+        let mut opts = self.cfg.opts.clone();
+        if self.connected_once {
+            opts.timeout = Duration::MAX;
+        }
+        match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
+            Ok(conn) => {
+                gst::info!(
+                    CAT,
+                    "{} {} as client {}",
+                    if self.connected_once {
+                        "reconnected to"
+                    } else {
+                        "connected to"
+                    },
+                    self.cfg.path.display(),
+                    conn.client_id()
+                );
+                if self.connected_once {
+                    self.serial += 1;
+                    self.discont = true;
+                    self.dropped_seen = 0;
+                }
+                self.need_keyframe = true;
+                self.fresh = true;
+                self.connected_once = true;
+                self.shared.connected.store(true, Ordering::Release);
+                Ok(conn)
+            }
+            Err(Error::Interrupted) => {
+                self.stop.clear();
+                Err(Step::Interrupted)
+            }
+            Err(e) => {
+                self.done = true;
+                Err(Step::Item(Item::Error(if self.connected_once {
+                    gst::error_msg!(gst::ResourceError::OpenRead, ("Reconnecting failed: {}", e))
+                } else {
+                    gst::error_msg!(
+                        gst::ResourceError::OpenRead,
+                        (
+                            "Could not connect to a gpushmsink at {}: {}",
+                            self.cfg.path.display(),
+                            e
+                        )
+                    )
+                })))
+            }
+        }
+    }
+}
