@@ -18,6 +18,7 @@ pub(crate) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     )
 });
 
+pub mod clock;
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;

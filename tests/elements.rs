@@ -1656,3 +1656,23 @@ fn readme_property_tables_match_the_elements() {
         }
     }
 }
+
+/// Only a plain, uncalibrated GstSystemClock on CLOCK_MONOTONIC counts as CLOCK_MONOTONIC
+/// itself (offset exactly 0); a realtime or calibrated clock is measured instead.
+#[test]
+fn only_the_plain_monotonic_system_clock_is_taken_for_clock_monotonic() {
+    init();
+    let mono = gst::glib::Object::builder::<gst::SystemClock>()
+        .property("clock-type", gst::ClockType::Monotonic)
+        .build();
+    assert!(gstgpushm::clock::is_monotonic(mono.upcast_ref()));
+    let realtime = gst::glib::Object::builder::<gst::SystemClock>()
+        .property("clock-type", gst::ClockType::Realtime)
+        .build();
+    assert!(!gstgpushm::clock::is_monotonic(realtime.upcast_ref()));
+    let calibrated = gst::glib::Object::builder::<gst::SystemClock>()
+        .property("clock-type", gst::ClockType::Monotonic)
+        .build();
+    calibrated.set_calibration(gst::ClockTime::ZERO, gst::ClockTime::from_seconds(5), 1, 1);
+    assert!(!gstgpushm::clock::is_monotonic(calibrated.upcast_ref()));
+}

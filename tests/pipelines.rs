@@ -399,11 +399,11 @@ fn non_live_producer_plays_at_its_timestamps_pace_in_a_syncing_consumer() {
     let s = fields(&cout, "SUMMARY ");
     assert_eq!(num(&s, "frames"), 60.0, "{}", cout.join("\n"));
     assert_eq!(num(&s, "pts_errors"), 0.0, "{}", cout.join("\n"));
-    // 60 frames stamped 2 s apart in total play in about 2 s.
+    // 60 frames stamped 2 s apart in total play in about 2 s (process start-up aside).
+    let took = t.elapsed();
     assert!(
-        t.elapsed() > Duration::from_millis(1800),
-        "played faster than its timestamps: {:?}",
-        t.elapsed()
+        took > Duration::from_millis(1800) && took < Duration::from_secs(6),
+        "played at another pace than its timestamps': {took:?}"
     );
 }
 
@@ -425,12 +425,6 @@ fn realtime_clock_producer_plays_at_its_rate_with_its_spacing() {
     assert!(
         (28.5..=31.5).contains(&fps),
         "{fps} fps\n{}",
-        out.join("\n")
-    );
-    // The producer says how its clock relates to CLOCK_MONOTONIC: nothing to warn about.
-    assert!(
-        !out.iter().any(|l| l.contains("timestamps")),
-        "{}",
         out.join("\n")
     );
 }

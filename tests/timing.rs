@@ -87,6 +87,8 @@ fn a_non_live_stream_keeps_its_spacing_from_the_first_frame() {
             );
             let pts = frame_pts(&out);
             assert!(strictly_increasing(&pts), "{pts:?}");
+            // The first frame starts the consumer's stream (it was stamped before it started).
+            assert!(pts[0] < 100_000_000, "first PTS {}", pts[0]);
             // 59 frame durations of 33.33 ms between the first and the last.
             let span = pts[59] - pts[0];
             assert!(span.abs_diff(1_966_666_667) < 60, "span {span}: {pts:?}");

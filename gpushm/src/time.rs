@@ -16,7 +16,9 @@
 //!   `L`, every frame published after the consumer started maps at or after 0, at about the
 //!   moment it was published. All streams of one producer pipeline share its clock and `L`,
 //!   so two consumers in one pipeline (audio and video from two gpushmsinks of one producer)
-//!   keep the producer's relative offset exactly.
+//!   keep the producer's relative offset exactly, as long as neither needed a join delay
+//!   (each connection fixes its own: after a `wait-for-connection` start, to within the
+//!   producers' publish jitter).
 //! - **`J`, the join delay**, fixed at the first frame of each connection: 0 unless that
 //!   frame's earliest time (its DTS, with B-frames) would map before 0, then just enough to
 //!   place it at 0. A consumer started after a `wait-for-connection` producer stamped its first
@@ -26,12 +28,16 @@
 //!   after its own publish moment (the producer waited, e.g. for its first consumer, and its
 //!   source jumped ahead) lowers `J` so that it maps at its publish moment, never before the
 //!   frame mapped last (decode order): the gap shows, flagged DISCONT, timestamps keep
-//!   increasing.
+//!   increasing. (Known limit: a live producer that delivers a backlog in a burst, a queue
+//!   before a `wait-for-connection` gpushmsink, has that burst stamped at its publish moments,
+//!   1 ns apart at worst, rather than with its spacing.)
 //! - **Non-live producers keep their timestamps**, ahead of real time included (a file read
 //!   flat out with sync=false): a syncing consumer plays them at their pace (and holds a
 //!   lossless producer to it), a consumer with sync=false gets them strictly increasing with
-//!   the producer's spacing.
-//! - PTS order is the producer's (B-frames); DTS travel as set.
+//!   the producer's spacing. Beyond [`MAX_LEAD`] ahead they are lowered like live ones.
+//! - PTS order is the producer's (B-frames); DTS travel as set. Decode order never goes
+//!   back: the producer's latency is fixed per connection, and a new connection (or a new
+//!   producer) maps after the last frame of the previous one ([`TimeMap::continuing`]).
 //!
 //! Examples (L = 40 ms, consumer started at monotonic 100 s):
 //! - live camera, frame stamped 100.010 s, published 100.050 s: running 0.050 s.
@@ -61,6 +67,11 @@ pub const OFFSET_SLACK: i64 = 1_000_000;
 /// Lowering the mapping by more than this is a gap in the stream (the producer waited):
 /// the frame is flagged DISCONT.
 pub const GAP: i128 = 1_000_000_000;
+/// A producer that is not live may run this far ahead of real time (a file read flat out):
+/// further ahead (nobody holds it to a consumer's pace, or its timestamps are bogus), the
+/// mapping is lowered to the publish moment, DISCONT, so that a syncing sink never waits
+/// longer than this.
+pub const MAX_LEAD: i128 = 5_000_000_000;
 
 /// A frame's times in the consumer's running time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +87,12 @@ pub struct Mapped {
 #[derive(Debug, Clone, Default)]
 pub struct TimeMap {
     join: Option<i128>,
+    /// The producer's latency, fixed at the first frame (a producer whose latency changes
+    /// mid-stream would otherwise move every later frame by the change).
+    latency: Option<i128>,
+    /// The first decode-order time of this connection may not map before this (the last of
+    /// the previous connection): a new producer's frames never go back past the old ones.
+    floor: Option<i128>,
     /// The producer's clock offset in use: kept while the published one stays within
     /// [`OFFSET_SLACK`] of it, so that two clocks read a little apart (a realtime clock and
     /// CLOCK_MONOTONIC) do not add their jitter to every frame.
@@ -89,6 +106,15 @@ impl TimeMap {
         Self::default()
     }
 
+    /// A mapping for a new connection that goes on from `self`'s: its first frame maps after
+    /// the last one mapped here.
+    pub fn continuing(&self) -> Self {
+        Self {
+            floor: self.last.map(|l| l + 1),
+            ..Self::default()
+        }
+    }
+
     /// The join delay in ns, once the first frame fixed it.
     pub fn join_delay(&self) -> Option<i128> {
         self.join
@@ -99,10 +125,10 @@ impl TimeMap {
     /// (CLOCK_MONOTONIC, at most its arrival). Values from shared memory can be anything: the
     /// arithmetic cannot overflow and the results are clamped to what GStreamer holds.
     pub fn map(&mut self, m: &FrameMeta, base_mono: i128, published_mono: i128) -> Mapped {
-        let latency = match m.latency {
+        let latency = *self.latency.get_or_insert(match m.latency {
             l if l > MAX_PRODUCER_LATENCY => 0,
             l => l as i128,
-        };
+        });
         let offset = match self.offset {
             Some(o) if o.abs_diff(m.clock_offset) <= OFFSET_SLACK as u64 => o,
             _ => m.clock_offset,
@@ -120,11 +146,17 @@ impl TimeMap {
         };
         let earliest = pts.map_or(order, |p| p.min(order));
         let natural = |t: i128| t + latency - base_mono;
-        let join = *self.join.get_or_insert_with(|| (-natural(earliest)).max(0));
+        let floor = self.floor;
+        let join = *self.join.get_or_insert_with(|| {
+            let at_zero = (-natural(earliest)).max(0);
+            // After a previous connection: its first frame after the last one pushed.
+            floor.map_or(at_zero, |f| at_zero.max(f - natural(order)))
+        });
         let mut join = join;
         let mut discont = false;
         let now = published_mono - base_mono;
-        if m.live && natural(order) + join > now + FUTURE_TOLERANCE {
+        let ahead = natural(order) + join - now;
+        if (m.live && ahead > FUTURE_TOLERANCE) || ahead > MAX_LEAD {
             // Ahead of real time: lowered to the publish moment, never back past the last.
             let target = self
                 .last
@@ -134,8 +166,13 @@ impl TimeMap {
             join = lowered;
             self.join = Some(join);
         }
+        // Decode order never goes back (a producer whose timestamps do, or a clock step).
+        if let Some(l) = self.last.filter(|&l| natural(order) + join <= l) {
+            join = l + 1 - natural(order);
+            self.join = Some(join);
+        }
         let run = |t: i128| natural(t) + join;
-        self.last = Some(self.last.map_or(run(order), |l| l.max(run(order))));
+        self.last = Some(run(order));
         let clamp = |t: i128| Some(t.clamp(0, (u64::MAX - 1) as i128) as u64);
         Mapped {
             pts: pts.and_then(|p| clamp(run(p))),
@@ -292,6 +329,49 @@ mod tests {
             t.map(&m, base, (100 * S + 84 * MS) as i128).pts,
             Some(83 * MS)
         );
+    }
+
+    #[test]
+    fn a_latency_change_or_a_new_connection_never_goes_back() {
+        let base = 100 * S as i128;
+        let mut t = TimeMap::new();
+        let a = t.map(&frame(100 * S, NONE_U64, false), base, 100 * S as i128);
+        let mut m = frame(100 * S + 33 * MS, NONE_U64, false);
+        m.latency = 0;
+        let b = t.map(&m, base, 100 * S as i128);
+        assert_eq!(
+            b.pts.unwrap() - a.pts.unwrap(),
+            33 * MS,
+            "latency fixed per connection"
+        );
+        // A new producer whose first frame is older than what was pushed: after it.
+        let mut next = t.continuing();
+        let c = next.map(&frame(100 * S, NONE_U64, false), base, 100 * S as i128);
+        assert!(c.pts.unwrap() > b.pts.unwrap());
+        // Timestamps going back: decode order still moves on.
+        let d = next.map(&frame(99 * S, NONE_U64, false), base, 100 * S as i128);
+        assert!(d.pts.unwrap() > c.pts.unwrap());
+    }
+
+    #[test]
+    fn a_non_live_producer_far_ahead_is_brought_back() {
+        let base = 100 * S as i128;
+        let mut t = TimeMap::new();
+        let a = t.map(&frame(100 * S, NONE_U64, false), base, 100 * S as i128);
+        // 2 s ahead: kept (a file read flat out, paced by a syncing consumer).
+        let b = t.map(
+            &frame(102 * S + 40 * MS, NONE_U64, false),
+            base,
+            100 * S as i128,
+        );
+        assert_eq!(b.pts.unwrap() - a.pts.unwrap(), 2 * S + 40 * MS);
+        // An hour ahead: lowered to the publish moment, DISCONT.
+        let c = t.map(
+            &frame(3700 * S, NONE_U64, false),
+            base,
+            (100 * S + 10 * MS) as i128,
+        );
+        assert!(c.discont && c.pts.unwrap() > b.pts.unwrap() && c.pts.unwrap() < 3 * S);
     }
 
     #[test]

@@ -453,9 +453,7 @@ impl GpuShmSink {
         let monotonic = match &*kind {
             Some((c, mono)) if *c == clock => *mono,
             _ => {
-                let mono = clock.downcast_ref::<gst::SystemClock>().is_some_and(|c| {
-                    c.property::<gst::ClockType>("clock-type") == gst::ClockType::Monotonic
-                });
+                let mono = crate::clock::is_monotonic(&clock);
                 *kind = Some((clock.clone(), mono));
                 mono
             }

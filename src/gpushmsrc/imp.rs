@@ -125,6 +125,8 @@ struct Started {
     /// Our clock, and whether it is CLOCK_MONOTONIC itself (GstSystemClock's default): then
     /// its offset is exactly 0, so the producer's spacing is kept to the nanosecond.
     clock_is_monotonic: Option<(gst::Clock, bool)>,
+    /// Our clock's offset to CLOCK_MONOTONIC in use, when it is another clock.
+    clock_offset: Option<i128>,
     /// The last raw-video PTS pushed (running time): never gone back past. After a pause, a
     /// frame stamped just before this pipeline played again would map before it.
     last_pts: Option<gst::ClockTime>,
@@ -170,8 +172,8 @@ impl GpuShmSrc {
     }
 
     /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
-    /// the shift margin when they are placed at their publish time, otherwise the producer
-    /// pipeline's own latency, which is how long after its timestamp a frame is published.
+    /// otherwise [`ANSWERED_LATENCY`]: frames are stamped about when they were published (the
+    /// producer's latency is in their timestamps, see the gpushm crate's `time` module).
     fn latency(&self, _st: &Started, does_timestamp: bool) -> u64 {
         if does_timestamp {
             0
@@ -193,22 +195,32 @@ impl GpuShmSrc {
             return;
         };
         if st.serial != f.conn_serial {
+            // A new connection (or producer) goes on after what was pushed: never back.
             st.serial = f.conn_serial;
-            st.map = TimeMap::new();
-            st.last_pts = None;
+            st.map = st.map.continuing();
         }
         // Our clock's time less CLOCK_MONOTONIC: exactly 0 for the system clock on it.
         let monotonic = match &st.clock_is_monotonic {
             Some((c, mono)) if c == clock => *mono,
             _ => {
-                let mono = clock.downcast_ref::<gst::SystemClock>().is_some_and(|c| {
-                    c.property::<gst::ClockType>("clock-type") == gst::ClockType::Monotonic
-                });
+                let mono = crate::clock::is_monotonic(clock);
                 st.clock_is_monotonic = Some((clock.clone(), mono));
+                st.clock_offset = None;
                 mono
             }
         };
-        let offset = if monotonic { 0 } else { t.offset };
+        // Another clock: its offset read at each frame, kept while within 1 ms (reading two
+        // clocks a little apart must not reach the spacing; a step or a slew is followed).
+        let offset = if monotonic {
+            0
+        } else {
+            let o = match st.clock_offset {
+                Some(o) if o.abs_diff(t.offset) <= crate::ring::time::OFFSET_SLACK as u128 => o,
+                _ => t.offset,
+            };
+            st.clock_offset = Some(o);
+            o
+        };
         // A bogus publish time (after the frame arrived) falls back to our arrival stamp.
         let published = m.publish_ns.min(f.arrival_ns) as i128;
         let mapped = st.map.map(m, base.nseconds() as i128 - offset, published);
@@ -721,6 +733,7 @@ impl BaseSrcImpl for GpuShmSrc {
             pad_caps: None,
             map: TimeMap::new(),
             clock_is_monotonic: None,
+            clock_offset: None,
             last_pts: None,
             serial: 0,
             answered_latency: None,
