@@ -530,3 +530,69 @@ fn b_frames_record_through_gpushm_as_in_one_process() {
         }
     }
 }
+
+/// The same through a producer pipeline on a clock that starts near 0 (as an audio device's
+/// does): x264enc's first DTS, before the base time, keep their times (before, they were
+/// published without one). The producer runs here, the consumer is another process.
+#[test]
+fn b_frames_keep_their_dts_on_a_producer_clock_that_starts_near_zero() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("b0.sock");
+    let (reference, got) = (dir.path().join("ref.mp4"), dir.path().join("got.mp4"));
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc is-live=true num-buffers=60 pattern=ball ! video/x-raw,width=320,height=240,framerate=30/1 \
+         ! x264enc bframes=2 key-int-max=30 threads=1 ! h264parse ! tee name=t \
+         t. ! queue ! gpushmsink socket-path={} wait-for-connection=true \
+         t. ! queue ! mp4mux ! filesink location={}",
+        sock.display(),
+        reference.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    // A system clock that reads about 0 now: a base time near 0.
+    let clock = gst::glib::Object::builder::<gst::SystemClock>().build();
+    let internal = clock.internal_time();
+    clock.set_calibration(internal, gst::ClockTime::from_mseconds(1), 1, 1);
+    producer.use_clock(Some(&clock));
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let c = Proc::spawn(
+        gst_launch(&format!(
+            "-e gpushmsrc socket-path={} ! h264parse ! mp4mux ! filesink location={}",
+            sock.display(),
+            got.display()
+        )),
+        "recorder",
+    );
+    let bus = producer.bus().unwrap();
+    let msg = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    assert!(
+        matches!(
+            msg.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "{msg:?}"
+    );
+    let (cs, cout) = c.finish(Duration::from_secs(30));
+    producer.set_state(gst::State::Null).unwrap();
+    assert!(cs.success(), "{cout:?}");
+    let (want, _) = recorded_times(&reference);
+    let (have, decoded) = recorded_times(&got);
+    assert_eq!(
+        (have.len(), decoded),
+        (60, 60),
+        "frames lost or not decodable"
+    );
+    for (i, (w, h)) in want.iter().zip(&have).enumerate() {
+        assert!(
+            (w.0 - h.0).abs() <= 1_000_000 && (w.1 - h.1).abs() <= 1_000_000,
+            "frame {i}: (pts, dts) {h:?} through gpushm, {w:?} in one process"
+        );
+    }
+}

@@ -3,10 +3,11 @@
 //! the producer's pipeline clock become running times of the consumer's pipeline.
 //!
 //! The producer publishes, with each frame, its PTS and DTS as clock times of its pipeline
-//! (base time + running time; DTS may lie before the first PTS, as with B-frames), how its
-//! pipeline clock relates to CLOCK_MONOTONIC (`clock_offset`: 0 for GStreamer's default
-//! system clock, the measured difference for an audio device's clock or a system clock set to
-//! realtime), its pipeline latency `L` and whether it is live. Then, on CLOCK_MONOTONIC:
+//! (base time + running time; DTS may lie before the first PTS, as with B-frames), how those
+//! times relate to CLOCK_MONOTONIC (`clock_offset`; gpushmsink converts them to
+//! CLOCK_MONOTONIC itself, measuring an audio device's clock or a realtime system clock
+//! against it, and publishes 0), its pipeline latency `L` and whether it is live. Then, on
+//! CLOCK_MONOTONIC:
 //!
 //! ```text
 //! running(t) = t - clock_offset + L - consumer_base + J

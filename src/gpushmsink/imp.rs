@@ -126,9 +126,10 @@ enum State {
 pub struct GpuShmSink {
     settings: Mutex<Settings>,
     state: Mutex<State>,
-    /// The pipeline clock last seen, and whether it is CLOCK_MONOTONIC itself (GstSystemClock's
-    /// default): its offset is then published as exactly 0.
-    clock_kind: Mutex<Option<(gst::Clock, bool)>>,
+    /// The pipeline clock last seen, whether it is CLOCK_MONOTONIC itself (GstSystemClock's
+    /// default: offset exactly 0), and the offset in use for another clock (kept while a
+    /// fresh reading stays within 1 ms of it, so reading two clocks adds no jitter).
+    clock_kind: Mutex<Option<(gst::Clock, bool, i64)>>,
 }
 
 impl Default for GpuShmSink {
@@ -450,21 +451,22 @@ impl GpuShmSink {
             return 0;
         };
         let mut kind = self.clock_kind.lock().unwrap_or_else(|e| e.into_inner());
-        let monotonic = match &*kind {
-            Some((c, mono)) if *c == clock => *mono,
-            _ => {
-                let mono = crate::clock::is_monotonic(&clock);
-                *kind = Some((clock.clone(), mono));
-                mono
-            }
+        let (monotonic, kept) = match &*kind {
+            Some((c, mono, o)) if *c == clock => (*mono, Some(*o)),
+            _ => (crate::clock::is_monotonic(&clock), None),
         };
-        drop(kind);
-        if monotonic {
+        let offset = if monotonic {
             0
         } else {
-            (clock.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128)
-                .clamp(i64::MIN as i128, i64::MAX as i128) as i64
-        }
+            let now = (clock.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128)
+                .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+            match kept {
+                Some(o) if o.abs_diff(now) <= crate::ring::time::OFFSET_SLACK as u64 => o,
+                _ => now,
+            }
+        };
+        *kind = Some((clock, monotonic, offset));
+        offset
     }
 
     fn frame_meta(
@@ -487,16 +489,25 @@ impl GpuShmSink {
         let segment = segment.downcast_ref::<gst::format::Time>();
         // Signed running time: a DTS before the segment's start (x264enc's B-frames, whose
         // first DTS come before the first PTS) still has its clock time.
+        // Published on CLOCK_MONOTONIC (clock_offset 0), signed running time included: a DTS
+        // before the segment's start (x264enc's B-frames) keeps its time even on a clock that
+        // started near 0 (an audio device's).
+        let offset = self.clock_offset() as i128;
         let clock = |t: Option<gst::ClockTime>| -> u64 {
-            match (t, base, segment) {
-                (Some(t), Some(base), Some(seg)) => match seg.to_running_time_full(t) {
-                    Some(gst::Signed::Positive(rt)) => (rt + base).nseconds(),
-                    Some(gst::Signed::Negative(rt)) => {
-                        base.checked_sub(rt).map_or(NONE_U64, |c| c.nseconds())
-                    }
-                    None => NONE_U64,
+            let rt = match (t, segment) {
+                (Some(t), Some(seg)) => match seg.to_running_time_full(t) {
+                    Some(gst::Signed::Positive(rt)) => rt.nseconds() as i128,
+                    Some(gst::Signed::Negative(rt)) => -(rt.nseconds() as i128),
+                    None => return NONE_U64,
                 },
-                _ => NONE_U64,
+                _ => return NONE_U64,
+            };
+            match base {
+                Some(base) => u64::try_from(base.nseconds() as i128 + rt - offset)
+                    .ok()
+                    .filter(|&v| v != NONE_U64)
+                    .unwrap_or(NONE_U64),
+                None => NONE_U64,
             }
         };
         let mut m = FrameMeta {
@@ -514,7 +525,8 @@ impl GpuShmSink {
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
             latency: obj.latency().nseconds(),
             timecode: tc,
-            clock_offset: self.clock_offset(),
+            // The times above are on CLOCK_MONOTONIC already.
+            clock_offset: 0,
             ..Default::default()
         };
         // Other caps: opaque bytes, no planes.
