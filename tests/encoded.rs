@@ -439,42 +439,47 @@ fn a_default_consumer_of_a_wait_for_connection_producer_loses_nothing() {
 }
 
 /// (PTS, DTS) relative to the first frame's DTS, of every frame of an MP4 recording, and how
-/// many of them decode.
-fn recorded_times(path: &Path) -> (Vec<(i64, i64)>, usize) {
+/// many of them decode: with avdec_h264 (openh264dec cannot decode B-frames), `None` where it
+/// is not installed (the GPU machine's packed runtime: there only the times are compared;
+/// `make test` installs it).
+fn recorded_times(path: &Path) -> (Vec<(i64, i64)>, Option<usize>) {
     init();
-    let p = gst::parse::launch(&format!(
-        "filesrc location={} ! qtdemux ! h264parse ! video/x-h264,alignment=au ! tee name=t \
-         t. ! queue ! appsink name=out sync=false t. ! queue ! {} ! appsink name=dec sync=false",
-        path.display(),
-        h264dec()
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
-    let sink = |n: &str| {
-        p.by_name(n)
+    let pull = |pipeline: &str| -> Vec<gst::Buffer> {
+        let p = gst::parse::launch(pipeline)
+            .unwrap()
+            .downcast::<gst::Pipeline>()
+            .unwrap();
+        let out = p
+            .by_name("out")
             .unwrap()
             .downcast::<gst_app::AppSink>()
-            .unwrap()
+            .unwrap();
+        p.set_state(gst::State::Playing).unwrap();
+        let mut v = Vec::new();
+        while let Some(s) = out.try_pull_sample(gst::ClockTime::from_seconds(10)) {
+            v.push(s.buffer_owned().unwrap());
+        }
+        p.set_state(gst::State::Null).unwrap();
+        v
     };
-    let (out, dec) = (sink("out"), sink("dec"));
-    p.set_state(gst::State::Playing).unwrap();
-    let mut times = Vec::new();
-    while let Some(s) = out.try_pull_sample(gst::ClockTime::from_seconds(10)) {
-        let b = s.buffer().unwrap();
+    let demux = format!("filesrc location={} ! qtdemux ! h264parse", path.display());
+    let times: Vec<(i64, i64)> = pull(&format!(
+        "{demux} ! video/x-h264,alignment=au ! appsink name=out sync=false"
+    ))
+    .iter()
+    .map(|b| {
         let ns = |t: Option<gst::ClockTime>| {
             t.expect("recorded frames have PTS and DTS").nseconds() as i64
         };
-        times.push((ns(b.pts()), ns(b.dts())));
-    }
-    let mut decoded = 0;
-    while dec
-        .try_pull_sample(gst::ClockTime::from_seconds(5))
-        .is_some()
-    {
-        decoded += 1;
-    }
-    p.set_state(gst::State::Null).unwrap();
+        (ns(b.pts()), ns(b.dts()))
+    })
+    .collect();
+    let decoded = gst::ElementFactory::find("avdec_h264").map(|_| {
+        pull(&format!(
+            "{demux} ! avdec_h264 ! appsink name=out sync=false"
+        ))
+        .len()
+    });
     let d0 = times.first().map_or(0, |t| t.1);
     (
         times.iter().map(|&(p, d)| (p - d0, d - d0)).collect(),
@@ -514,10 +519,13 @@ fn b_frames_record_through_gpushm_as_in_one_process() {
             let (want, want_decoded) = recorded_times(&reference);
             let (have, have_decoded) = recorded_times(&got);
             assert_eq!(want.len(), 90, "run {run}, live {live}");
-            assert_eq!(want_decoded, 90, "run {run}, live {live}");
             assert_eq!(have.len(), 90, "run {run}, live {live}: frames lost");
+            assert!(
+                want_decoded.is_none_or(|d| d == 90),
+                "run {run}, live {live}"
+            );
             assert_eq!(
-                have_decoded, 90,
+                have_decoded, want_decoded,
                 "run {run}, live {live}: frames that do not decode"
             );
             let slack = if live { 1_000_000 } else { 0 };
@@ -584,10 +592,10 @@ fn b_frames_keep_their_dts_on_a_producer_clock_that_starts_near_zero() {
     assert!(cs.success(), "{cout:?}");
     let (want, _) = recorded_times(&reference);
     let (have, decoded) = recorded_times(&got);
-    assert_eq!(
-        (have.len(), decoded),
-        (60, 60),
-        "frames lost or not decodable"
+    assert_eq!(have.len(), 60, "frames lost");
+    assert!(
+        decoded.is_none_or(|d| d == 60),
+        "{decoded:?} of 60 frames decode"
     );
     for (i, (w, h)) in want.iter().zip(&have).enumerate() {
         assert!(
