@@ -1099,6 +1099,42 @@ mod tests {
         }
     }
 
+    /// Auto, the default, is leaky for live raw video: a default subscriber that takes nothing
+    /// never holds a live camera up (frames skip it), where a lossless one is waited for until
+    /// it is marked lagging.
+    #[test]
+    fn auto_is_leaky_for_live_raw_video_and_lossless_waits() {
+        for mode in [Delivery::Auto, Delivery::Lossless] {
+            let dir = scratch(&format!("auto-{}", mode.name()));
+            let cam = camera(&dir, 8);
+            let opts = ConnectOptions {
+                mode,
+                ..Default::default()
+            };
+            let sub = Subscriber::connect(&dir.join("cam"), opts).unwrap();
+            until("the client", || cam.num_clients() == 1);
+            for n in 0..20u8 {
+                publish(&cam, n);
+            }
+            let (stats, clients) = cam.stats();
+            assert_eq!(clients[0].mode, mode);
+            match mode {
+                Delivery::Auto => {
+                    assert!(!clients[0].lossless, "{clients:?}");
+                    assert_eq!(stats.times_lagged, 0, "the camera waited for it");
+                    assert!(sub.dropped() > 0);
+                }
+                _ => {
+                    assert!(clients[0].lossless, "{clients:?}");
+                    assert!(stats.times_lagged >= 1, "never waited for: {stats:?}");
+                }
+            }
+            drop(sub);
+            drop(cam);
+            std::fs::remove_dir_all(&dir).ok();
+        }
+    }
+
     /// Two consumers that each hold their share of the ring (all of it, together) are never
     /// cut; one that holds more than its share while all slots are held is: its frames then
     /// say they are no longer valid, and why, without the subscriber reading anything.
