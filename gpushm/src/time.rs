@@ -43,7 +43,7 @@
 //! Examples (L = 40 ms, consumer started at monotonic 100 s):
 //! - live camera, frame stamped 100.010 s, published 100.050 s: running 0.050 s.
 //! - wait-for-connection producer, first frames stamped 90.000, 90.033 s: J = 9.96 s, they map
-//!   to 0 and 0.033 s; its next frame, stamped 100.100 s after the wait, maps to its publish
+//!   to 0 and 0.033 s; its next frame, stamped 100.100 s after the wait, maps 5 ms before its publish
 //!   moment (J lowered), DISCONT.
 //! - x264enc with B-frames: first DTS 66.7 ms before the first PTS: the DTS maps at 0 (or
 //!   later), the PTS 66.7 ms after it, as in the producer's pipeline.
@@ -114,11 +114,6 @@ impl TimeMap {
             floor: self.last.map(|l| l + 1),
             ..Self::default()
         }
-    }
-
-    /// The join delay in ns, once the first frame fixed it.
-    pub fn join_delay(&self) -> Option<i128> {
-        self.join
     }
 
     /// Maps `m`'s PTS and DTS into the running time of a consumer pipeline whose base time
