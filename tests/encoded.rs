@@ -604,3 +604,66 @@ fn b_frames_keep_their_dts_on_a_producer_clock_that_starts_near_zero() {
         );
     }
 }
+
+/// A slow default (`auto`) consumer of a live audio stream is waited for only up to its share
+/// (`gpushm::publisher::LIVE_HOLD_PERCENT` of real time, a burst of 1 s at most): it cannot
+/// slow the live source, and the other default consumer, down to its pace. Live audio at
+/// 100 buffers/s for 5 s; the slow consumer takes one buffer per 20 ms (half the rate). Held
+/// to its pace, the producer would need 10 s; the fast consumer gets every buffer from its
+/// first on, in order.
+#[test]
+fn a_slow_default_consumer_cannot_hold_a_live_stream_to_its_pace() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("live-audio.sock");
+    let s = sock.to_str().unwrap();
+    let pc = gst_launch(&format!(
+        "audiotestsrc is-live=true num-buffers=500 samplesperbuffer=441 wave=white-noise \
+         ! audio/x-raw,format=S16LE,rate=44100,channels=1 \
+         ! tee name=t t. ! queue ! gpushmsink socket-path={s} wait-for-connection=true \
+         t. ! queue ! checksumsink"
+    ));
+    let p = Proc::spawn(pc, "producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let start = Instant::now();
+    let slow = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc socket-path={s} ! identity sleep-time=20000 ! fakesink sync=false"
+        )),
+        "slow consumer",
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let fast = Proc::spawn(
+        gst_launch(&format!("gpushmsrc socket-path={s} ! checksumsink")),
+        "fast consumer",
+    );
+    let (ps, pout) = p.finish(Duration::from_secs(60));
+    let took = start.elapsed();
+    let (fs, fout) = fast.finish(Duration::from_secs(30));
+    let (ss, sout) = slow.finish(Duration::from_secs(30));
+    assert!(ps.success(), "producer: {ps}\n{}", pout.join("\n"));
+    assert!(fs.success(), "fast consumer: {fs}\n{}", fout.join("\n"));
+    assert!(ss.success(), "slow consumer: {ss}\n{}", sout.join("\n"));
+    let (reference, got) = (sums(&pout), sums(&fout));
+    assert_eq!(reference.len(), 500);
+    assert!(
+        got.len() >= 300,
+        "the fast consumer got {} buffers",
+        got.len()
+    );
+    let first = reference
+        .iter()
+        .position(|r| *r == got[0])
+        .expect("the fast consumer's first buffer is not the producer's");
+    assert_eq!(
+        got[..],
+        reference[first..],
+        "the fast consumer lost or reordered buffers"
+    );
+    // 5 s of audio, + 1.5 s the slow consumer may hold it up, + start-up.
+    assert!(
+        took < Duration::from_millis(7500),
+        "the live producer was held to the slow consumer's pace: {took:?} for 5 s of audio"
+    );
+}

@@ -193,7 +193,12 @@ pub enum Delivery {
     Lossless,
     /// The default: lossless, except for live raw video, which is leaky. Audio, encoded
     /// video, data and every stream that is not live lose nothing by default; live raw
-    /// video lets a slow consumer skip frames rather than hold the camera up.
+    /// video lets a slow consumer skip frames rather than hold the camera up. Of a live
+    /// stream (audio, encoded), an `auto` consumer may hold the producer up at most
+    /// [`LIVE_HOLD_PERCENT`](crate::publisher::LIVE_HOLD_PERCENT) % of real time, 1 s at once
+    /// (its pipeline starting, a disk stall): a consumer slower than the stream then loses
+    /// what it has no room for, instead of slowing the live source, and every other
+    /// consumer, to its pace.
     #[default]
     Auto,
 }

@@ -31,6 +31,15 @@ use crate::{shm, Error, Result};
 /// back (and counted as dropped) so that it never holds the producer up.
 pub const LEAKY_BACKLOG: usize = 2;
 /// A connection must complete its handshake within this time.
+/// An `auto` consumer of a live stream is waited for, but may hold the producer up at most
+/// this share of real time (in percent), and at most [`LIVE_HOLD_BURST`] at once (a consumer
+/// whose pipeline is starting, a disk stall): beyond that it loses frames like a leaky one,
+/// so that one slow default consumer cannot slow a live source (and every other consumer)
+/// down to its pace. `lossless` consumers are waited for without this bound.
+pub const LIVE_HOLD_PERCENT: u32 = 10;
+/// See [`LIVE_HOLD_PERCENT`].
+pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
+
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// What [`Publisher::publish_frame`] did with a frame.
@@ -154,6 +163,34 @@ struct Client {
     /// It sent Close: it takes no more frames and only keeps those it holds, never waited
     /// for, until it releases them or its socket closes.
     closed: bool,
+    /// How long it may still hold a live producer up (`auto` only).
+    hold: HoldCredit,
+}
+
+/// What an `auto` consumer of a live stream may still hold the producer up: a bucket of
+/// [`LIVE_HOLD_BURST`] refilled at [`LIVE_HOLD_PERCENT`] of real time.
+#[derive(Debug, Clone, Copy)]
+struct HoldCredit {
+    left: Duration,
+    at: Instant,
+    /// Whether it ran out (and was said so) since it last had credit.
+    spent: bool,
+}
+
+impl HoldCredit {
+    fn new() -> Self {
+        Self {
+            left: LIVE_HOLD_BURST,
+            at: Instant::now(),
+            spent: false,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        let earned = now.saturating_duration_since(self.at) * LIVE_HOLD_PERCENT / 100;
+        self.left = (self.left + earned).min(LIVE_HOLD_BURST);
+        self.at = now;
+    }
 }
 
 impl Client {
@@ -656,19 +693,39 @@ impl<P: Send + 'static> Publisher<P> {
         let mut reclaimed = false;
         let inner = &mut *guard;
         let caps = inner.caps.as_ref().map_or("", |c| c.1.as_str());
+        let start = Instant::now();
+        let mut spent = Vec::new();
         for c in inner.clients.iter_mut() {
             c.lossless = c.mode.lossless_for(meta.live, caps);
+            if c.lossless && Self::hold_bounded(c, meta.live) {
+                c.hold.refill(start);
+                if c.hold.left.is_zero() {
+                    // Held the live producer up for its share: this frame skips it if it
+                    // has no room.
+                    c.lossless = false;
+                    if !c.hold.spent {
+                        c.hold.spent = true;
+                        spent.push(c.id);
+                    }
+                } else if c.hold.left >= LIVE_HOLD_BURST / 2 {
+                    c.hold.spent = false;
+                }
+            }
             c.ch.set_budget(policy.budget as u32);
             reclaimed |= c.refs() >= limit;
         }
+
         if reclaimed {
             self.reclaim_locked(&mut guard, &mut back);
         }
         // Back-pressure from lossless clients, bounded by max-wait. A client that held the
         // producer up for a whole max-wait is lagging: it is not waited for again until it
         // has caught up, so a stuck consumer costs the others one max-wait, once.
-        let deadline = Instant::now().checked_add(policy.max_wait);
+        // An `auto` client of a live stream is waited for only while it has hold credit.
+        let wait_start = Instant::now();
+        let deadline = wait_start.checked_add(policy.max_wait);
         let mut late: Vec<u32> = Vec::new();
+        let mut held_by: Vec<u32> = Vec::new();
         let mut waiting = false;
         let mut stopped = false;
         loop {
@@ -679,13 +736,33 @@ impl<P: Send + 'static> Publisher<P> {
             }
             let mut full = Vec::new();
             let mut failed = Vec::new();
+            let waited = wait_start.elapsed();
+            // When the first bounded client runs out of credit.
+            let mut credit_end: Option<Instant> = None;
             for c in inner
                 .clients
                 .iter_mut()
                 .filter(|c| c.lossless && !c.lagging && !c.closed)
             {
                 match c.ch.sync_taken() {
-                    Ok(()) if c.refs() >= policy.budget => full.push(c.id),
+                    Ok(()) if c.refs() >= policy.budget => {
+                        if Self::hold_bounded(c, meta.live) {
+                            if waited >= c.hold.left {
+                                // Its credit is spent: this frame skips it instead.
+                                c.lossless = false;
+                                if !std::mem::replace(&mut c.hold.spent, true) {
+                                    spent.push(c.id);
+                                }
+                                continue;
+                            }
+                            let end = wait_start + c.hold.left;
+                            credit_end = Some(credit_end.map_or(end, |e: Instant| e.min(end)));
+                        }
+                        if !held_by.contains(&c.id) {
+                            held_by.push(c.id);
+                        }
+                        full.push(c.id)
+                    }
                     Ok(()) => {}
                     Err(e) => failed.push((c.id, e.to_string())),
                 }
@@ -705,7 +782,14 @@ impl<P: Send + 'static> Publisher<P> {
                 continue;
             }
             let now = Instant::now();
+            // Wake up when a bounded client's credit ends, to skip it from then on.
+            let deadline = match (deadline, credit_end) {
+                (Some(d), Some(e)) => Some(d.min(e)),
+                (None, e) => e,
+                (d, None) => d,
+            };
             match deadline {
+                Some(d) if now >= d && credit_end.is_some_and(|e| e <= d) => continue,
                 Some(d) if now >= d => {
                     late = full;
                     break;
@@ -722,6 +806,23 @@ impl<P: Send + 'static> Publisher<P> {
         }
         if waiting {
             Self::add_release_waiter(&mut guard, false);
+        }
+        for id in spent {
+            guard.events.push(Event::Info(format!(
+                "client {id} (mode auto) held this live stream up for its share ({} % of the \
+                 time, {} ms at once): it loses frames it has no room for until it keeps up \
+                 (mode=lossless waits for it without this bound)",
+                LIVE_HOLD_PERCENT,
+                LIVE_HOLD_BURST.as_millis()
+            )));
+        }
+        if !held_by.is_empty() {
+            let waited = wait_start.elapsed();
+            for c in guard.clients.iter_mut().filter(|c| held_by.contains(&c.id)) {
+                if Self::hold_bounded(c, meta.live) {
+                    c.hold.left = c.hold.left.saturating_sub(waited);
+                }
+            }
         }
         let inner = &mut *guard;
         // Looked at again: the ring may have changed while we waited.
@@ -836,6 +937,12 @@ impl<P: Send + 'static> Publisher<P> {
         self.give_back(back);
         self.emit(events);
         Ok(Published::Sent)
+    }
+
+    /// Whether the time `c` holds the producer up is bounded by its [`HoldCredit`]: an `auto`
+    /// client of a live stream.
+    fn hold_bounded(c: &Client, live: bool) -> bool {
+        live && c.mode == Delivery::Auto
     }
 
     /// Why `slot` of ring `ring_gen` cannot be published now, if it cannot: only the current
@@ -1397,6 +1504,7 @@ impl<P: Send + 'static> Publisher<P> {
                 taken_at_lag: 0,
                 writable,
                 closed: false,
+                hold: HoldCredit::new(),
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {

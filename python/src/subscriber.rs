@@ -18,7 +18,9 @@ use crate::frame::Frame;
 /// `mode` says whether the producer may skip frames this subscriber is too slow for:
 /// "lossless" makes it wait (up to its max-wait), "leaky" lets it skip, and "auto" (the
 /// default) is lossless except for live raw video (a camera), which is leaky: audio, encoded
-/// video and streams that are not live lose nothing. `lossless=True` / `False` (kept for older
+/// video and streams that are not live lose nothing (of a live stream, an "auto" subscriber
+/// holds the producer up at most 10 % of the time, 1 s at once; beyond that it loses what it
+/// has no room for rather than slow the source down to its pace). `lossless=True` / `False` (kept for older
 /// code) is `mode="lossless"` / `"leaky"`. `timeout` (seconds, None = forever) applies to waiting
 /// for the producer and to each `next_frame()`. Frames are NumPy views into the ring: a frame
 /// you hold keeps its slot, and the producer has only so many (its `client-budget`).

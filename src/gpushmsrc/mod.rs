@@ -31,7 +31,7 @@ pub enum DeliveryMode {
     )]
     Lossless = 1,
     #[enum_value(
-        name = "Auto: lossless, except for live raw video (leaky)",
+        name = "Auto: lossless, except for live raw video (leaky); of a live stream, waited for at most 10 % of the time (1 s at once)",
         nick = "auto"
     )]
     #[default]
