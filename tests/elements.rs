@@ -1314,7 +1314,7 @@ fn a_client_that_releases_twice_is_disconnected_and_others_go_on() {
         std::thread::sleep(Duration::from_millis(5));
     };
     assert!(ch.release(e) && ch.release(e));
-    gstgpushm::ring::shm::notify(&release);
+    release.ring();
     let id = rx
         .recv_timeout(Duration::from_secs(2))
         .expect("the double release disconnects it");

@@ -21,7 +21,6 @@ use gstgpushm::ring::layout::MAX_PLANES;
 use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing, TimeCode};
 use gstgpushm::ring::shm;
 use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
-use nix::sys::eventfd::EventFd;
 
 /// Real-time victims: one attack at a time.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -147,7 +146,7 @@ fn a_bogus_release_batch_costs_the_producer_no_slot() {
                 ring_gen: e.ring_gen,
                 slot: (e.slot + 1) % 8,
             }));
-            shm::notify(&a.release);
+            a.release.ring();
         }
         std::thread::sleep(Duration::from_millis(300));
         drop(attackers);
@@ -247,8 +246,8 @@ struct FakeProducer {
 struct FakeClient {
     _conn: Conn,
     ch: ClientChannel,
-    ready: EventFd,
-    _release: EventFd,
+    ready: shm::Doorbell,
+    _release: shm::Doorbell,
 }
 
 const GRAY_CAPS: &str =
@@ -268,14 +267,14 @@ impl FakeProducer {
         let mut conn = Conn::new(s);
         let _hello = conn.recv_timeout(Duration::from_secs(10), None).unwrap();
         let ch = ClientChannel::create(128).unwrap();
-        let ready = shm::new_eventfd().unwrap();
-        let release = shm::new_eventfd().unwrap();
+        let (ready, ready_theirs) = shm::Doorbell::pair().unwrap();
+        let (release, release_theirs) = shm::Doorbell::pair().unwrap();
         conn.send(
             &Message::Welcome {
                 client_id: 1,
                 queue_capacity: 128,
             },
-            &[ch.fd(), ready.as_fd(), release.as_fd()],
+            &[ch.fd(), ready_theirs.as_fd(), release_theirs.as_fd()],
         )
         .unwrap();
         let g = self.ring.geometry();
@@ -329,7 +328,7 @@ impl FakeProducer {
             slot,
         })
         .unwrap();
-        shm::notify(&c.ready);
+        c.ready.ring();
     }
 }
 
@@ -931,4 +930,95 @@ fn clients_that_close_cannot_stall_or_crowd_the_producer() {
     // The last two seconds: every frame, at full rate.
     assert_full_rate(&out, from, to);
     drop(hoarders);
+}
+
+/// What a hostile peer does to a wake-up descriptor it was handed: clears O_NONBLOCK (the
+/// flag lives in the open file description, shared with whoever sent it) and, with `fill`
+/// where it is an eventfd, fills its counter so that the next write(2) of the other side
+/// blocks (without, the next read(2) of an empty one blocks).
+fn make_blocking(fd: std::os::fd::BorrowedFd<'_>, fill: bool) {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    fcntl(fd, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    if fill && link.to_string_lossy().contains("eventfd") {
+        nix::unistd::write(fd, &0xffff_ffff_ffff_fffeu64.to_ne_bytes()).unwrap();
+    }
+}
+
+/// Issue 27, item 1: a consumer that makes its wake-up descriptors blocking and full, and
+/// asks to be woken after every frame, cannot make the producer block: the victim keeps its
+/// full rate (the producer used to block in write(2) with its lock held, for good).
+#[test]
+fn a_consumer_cannot_block_the_producer_through_its_wake_up_descriptors() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("flags.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let hostile = raw_connect(&sock, 0);
+    make_blocking(hostile.ready.as_fd(), true);
+    make_blocking(hostile.release.as_fd(), false);
+    // "Wake me after every delivery", and never read.
+    hostile.ch.set_waiting(true);
+    std::thread::sleep(Duration::from_secs(3));
+    let from = now() - 2_000_000_000;
+    let to = now();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+    drop(hostile);
+}
+
+/// Issue 27, item 2: a producer that makes the wake-up descriptors it handed out blocking and
+/// full, and asks to be woken after every release, cannot make a consumer block: waiting for
+/// a frame times out as asked, and dropping a frame returns (both used to block in read(2) /
+/// write(2) for good).
+#[test]
+fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake-flags.sock");
+    let fake = FakeProducer::new(&sock);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.clone();
+    let consumer = std::thread::spawn(move || {
+        let mut sub =
+            gpushm::client::Subscriber::connect(&path, Default::default()).expect("connect");
+        let first = sub.next_frame(Some(Duration::from_secs(10)));
+        tx.send(format!(
+            "frame: {}",
+            first.as_ref().is_ok_and(|f| f.is_some())
+        ))
+        .unwrap();
+        // Its release wakes the producer, which asked for that.
+        drop(first);
+        tx.send("released".to_string()).unwrap();
+        for _ in 0..3 {
+            let r = sub.next_frame(Some(Duration::from_millis(300)));
+            tx.send(format!(
+                "waited: {}",
+                r.err().map(|e| e.to_string()).unwrap_or_default()
+            ))
+            .unwrap();
+        }
+    });
+    let mut c = fake.accept();
+    make_blocking(c.ready.as_fd(), false);
+    make_blocking(c._release.as_fd(), true);
+    c.ch.set_producer_waits(true);
+    fake.send(&mut c, 0, FrameMeta::default());
+    let mut said = Vec::new();
+    while said.len() < 5 {
+        match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(line) => said.push(line),
+            Err(_) => panic!("the consumer blocked; it said {said:?}"),
+        }
+    }
+    assert_eq!(said[0], "frame: true", "{said:?}");
+    for w in &said[2..] {
+        assert!(w.contains("no frame"), "{said:?}");
+    }
+    consumer.join().unwrap();
+    drop(c);
 }

@@ -55,7 +55,8 @@ const CAPS_HISTORY: usize = 8;
 /// Releases that could not be written yet because the release queue was full.
 struct Releaser {
     ch: ConsumerChannel,
-    efd: EventFd,
+    /// Rung after releases while the producer waits for slots.
+    efd: shm::Doorbell,
     backlog: Mutex<Vec<Entry>>,
     /// Leases alive now: frames we reference and have not given back.
     leases: AtomicUsize,
@@ -114,26 +115,33 @@ impl Releaser {
         self.leases.fetch_sub(1, Ordering::AcqRel);
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
         backlog.push(e);
-        self.write(&mut backlog);
+        let wake = self.write(&mut backlog);
+        drop(backlog);
+        if wake {
+            self.efd.ring();
+        }
     }
 
     /// Writes the releases that did not fit earlier.
     fn flush(&self) {
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
-        self.write(&mut backlog);
+        let wake = self.write(&mut backlog);
+        drop(backlog);
+        if wake {
+            self.efd.ring();
+        }
     }
 
-    /// Moves as many releases as fit into the release queue, oldest first, and wakes the
-    /// producer if any went in and it waits for slots (otherwise it picks them up itself:
-    /// no system call per frame).
-    fn write(&self, backlog: &mut Vec<Entry>) {
+    /// Moves as many releases as fit into the release queue, oldest first. True if any went
+    /// in and the producer waits for slots: the caller then rings it, with the backlog's lock
+    /// released (otherwise the producer picks them up itself: no system call per frame).
+    fn write(&self, backlog: &mut Vec<Entry>) -> bool {
         let n = backlog.iter().take_while(|&&e| self.ch.release(e)).count();
         if n > 0 {
             backlog.drain(..n);
-            if self.ch.producer_waits() {
-                shm::notify(&self.efd);
-            }
+            return self.ch.producer_waits();
         }
+        false
     }
 }
 
@@ -314,7 +322,8 @@ pub(crate) struct Connection {
     /// Moved into the releaser when the connection is dropped (see `Drop`).
     conn: ManuallyDrop<Conn>,
     client_id: u32,
-    ready: EventFd,
+    /// Readable when the producer delivered a frame while we wait.
+    ready: shm::Doorbell,
     releaser: Arc<Releaser>,
     rings: VecDeque<Arc<ConsumerRing>>,
     caps: VecDeque<(u32, Arc<str>)>,
@@ -459,8 +468,8 @@ impl Connection {
         let ready = fd()?;
         let block = fd()?;
         let ch = ConsumerChannel::open(block, capacity)?;
-        let ready = shm::check_eventfd(ready, "frame-ready eventfd")?;
-        let release = shm::check_eventfd(release, "slot-released eventfd")?;
+        let ready = shm::Doorbell::from_peer(ready, "the frame-ready doorbell")?;
+        let release = shm::Doorbell::from_peer(release, "the slot-released doorbell")?;
         let mut c = Self {
             conn: ManuallyDrop::new(conn),
             client_id,
@@ -682,7 +691,7 @@ impl Connection {
         if !always {
             // Cleared before asking, not after waking: the system call is then off the way
             // of the next frame. A wake-up written from here on stays readable for poll.
-            shm::drain(&self.ready);
+            self.ready.drain();
         }
         let ch = &self.releaser.ch;
         // Ask for a wake-up, then look once more: a frame delivered before the producer saw
@@ -705,12 +714,12 @@ impl Connection {
         }
         if always && matches!(r, Wait::Ready) {
             // The caller's own poll sees the descriptor: readable only while news may wait.
-            shm::drain(&self.ready);
+            self.ready.drain();
         }
         Ok(r)
     }
 
-    /// The frame-ready eventfd, for the caller's own poll: from now on the producer writes
+    /// The frame-ready doorbell, for the caller's own poll: from now on the producer writes
     /// it after every delivery.
     pub fn ready_fd(&self) -> RawFd {
         self.always_wake.store(true, Ordering::Relaxed);

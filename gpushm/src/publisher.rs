@@ -146,8 +146,11 @@ struct Client {
     pid: i32,
     conn: Conn,
     ch: ClientChannel,
-    ready: EventFd,
-    release: EventFd,
+    /// Our end of its frame-ready doorbell, rung (outside our lock) after a delivery while
+    /// it waits.
+    ready: Arc<shm::Doorbell>,
+    /// Our end of its slot-released doorbell, polled by the connection thread.
+    release: shm::Doorbell,
     /// What it asked for.
     mode: Delivery,
     /// Whether it is waited for: its mode applied to the stream (caps, live), as of the
@@ -850,6 +853,8 @@ impl<P: Send + 'static> Publisher<P> {
         };
         let mut failed = Vec::new();
         let mut released = Vec::new();
+        // Rung after our lock is released.
+        let mut wake: Vec<Arc<shm::Doorbell>> = Vec::new();
         for c in inner.clients.iter_mut().filter(|c| !c.closed) {
             let r = (|| -> Result<bool> {
                 if late.contains(&c.id) {
@@ -912,7 +917,7 @@ impl<P: Send + 'static> Publisher<P> {
                     inner.rings[ri].slots[slot as usize].client_refs += 1;
                     // A client busy with earlier frames takes this one without a wake-up.
                     if c.ch.consumer_waits() {
-                        shm::notify(&c.ready);
+                        wake.push(c.ready.clone());
                     }
                 }
                 Ok(false) => {
@@ -932,8 +937,11 @@ impl<P: Send + 'static> Publisher<P> {
             self.reclaim_locked(inner, &mut back);
         }
         let events = std::mem::take(&mut inner.events);
-        // Return buffers to their pool without our lock held.
+        // Wake-ups and returning buffers to their pool, without our lock held.
         drop(guard);
+        for d in wake {
+            d.ring();
+        }
         self.give_back(back);
         self.emit(events);
         Ok(Published::Sent)
@@ -1235,7 +1243,7 @@ impl<P: Send + 'static> Publisher<P> {
                 Kind::Release(id) => {
                     // Releases of every client are taken below.
                     if let Some(c) = inner.clients.iter().find(|c| c.id == id) {
-                        shm::drain(&c.release);
+                        c.release.drain();
                     }
                 }
             }
@@ -1473,15 +1481,18 @@ impl<P: Send + 'static> Publisher<P> {
         }
         let client = (|| -> Result<Client> {
             let ch = ClientChannel::create(CLIENT_QUEUE_CAPACITY)?;
-            let ready = shm::new_eventfd()?;
-            let release = shm::new_eventfd()?;
+            // Each side gets its own end of each doorbell: neither blocks on the other's
+            // descriptor flags (see shm::Doorbell).
+            let (ready, ready_theirs) = shm::Doorbell::pair()?;
+            let (release, release_theirs) = shm::Doorbell::pair()?;
             p.conn.send(
                 &Message::Welcome {
                     client_id: id,
                     queue_capacity: ch.capacity(),
                 },
-                &[ch.fd(), ready.as_fd(), release.as_fd()],
+                &[ch.fd(), ready_theirs.as_fd(), release_theirs.as_fd()],
             )?;
+            let ready = Arc::new(ready);
             let c = Client {
                 id,
                 pid: p.pid,

@@ -86,26 +86,110 @@ pub fn check_sealed_memfd(fd: BorrowedFd<'_>, min_size: u64, what: &str) -> Resu
     Ok(())
 }
 
-/// Checks that `fd` is an eventfd and wraps it.
-pub fn check_eventfd(fd: OwnedFd, what: &str) -> Result<EventFd> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .map_err(|e| Error::protocol(format!("{what}: cannot inspect the descriptor: {e}")))?;
-    if link.as_os_str() != "anon_inode:[eventfd]" {
-        return Err(Error::protocol(format!(
-            "{what}: expected an eventfd, got {}",
-            link.display()
-        )));
+/// One end of a wake-up channel between a producer and one consumer: a datagram socket of
+/// a socketpair, one per direction ("a frame is ready", "a slot was released").
+///
+/// The two processes share each end's open file description (it travels over the control
+/// socket), so its file status flags are the peer's to change: a peer may clear O_NONBLOCK.
+/// Every send and receive here is therefore non-blocking by its own flag (`MSG_DONTWAIT`),
+/// never by the description's: nothing a peer does to the descriptor can make our thread
+/// block. A full receive queue means the peer has wake-ups it has not read yet, which is all
+/// a ring is for.
+#[derive(Debug)]
+pub struct Doorbell(OwnedFd);
+
+/// Wake-ups read at most per [`Doorbell::drain`]: a peer that rings without end cannot keep
+/// us in it.
+const DRAIN_MAX: usize = 64;
+
+impl Doorbell {
+    /// A connected pair: ring one, the other becomes readable.
+    pub fn pair() -> Result<(Doorbell, Doorbell)> {
+        use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+        let (a, b) = socketpair(
+            AddressFamily::Unix,
+            SockType::Datagram,
+            None,
+            SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        )
+        .map_err(|e| Error::os("socketpair", e))?;
+        Ok((Doorbell(a), Doorbell(b)))
     }
-    // SAFETY: the descriptor was just checked to be an eventfd.
-    Ok(unsafe { EventFd::from_owned_fd(fd) })
+
+    /// Takes a doorbell end received from the peer, after checking that it is one: a unix
+    /// datagram socket.
+    pub fn from_peer(fd: OwnedFd, what: &str) -> Result<Doorbell> {
+        use nix::sys::socket::{getsockopt, sockopt, SockType};
+        match getsockopt(&fd, sockopt::SockType) {
+            Ok(SockType::Datagram) => {}
+            Ok(t) => {
+                return Err(Error::protocol(format!(
+                    "{what}: expected a datagram socket, got a {t:?} socket"
+                )))
+            }
+            Err(_) => {
+                let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .map(|l| l.display().to_string())
+                    .unwrap_or_else(|e| e.to_string());
+                return Err(Error::protocol(format!(
+                    "{what}: expected a datagram socket, got {link}"
+                )));
+            }
+        }
+        let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+            .map_err(|e| Error::protocol(format!("{what}: cannot inspect the descriptor: {e}")))?;
+        if !link.to_string_lossy().starts_with("socket:") {
+            return Err(Error::protocol(format!(
+                "{what}: expected a socket, got {}",
+                link.display()
+            )));
+        }
+        Ok(Doorbell(fd))
+    }
+
+    /// Wakes whoever polls the other end. Never blocks; a full queue already wakes it.
+    pub fn ring(&self) {
+        use nix::sys::socket::{send, MsgFlags};
+        let _ = send(
+            self.0.as_raw_fd(),
+            &[1],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+    }
+
+    /// Reads the wake-ups waiting (at most [`DRAIN_MAX`]). Never blocks.
+    pub fn drain(&self) {
+        use nix::sys::socket::{recv, MsgFlags};
+        let mut buf = [0u8; 16];
+        for _ in 0..DRAIN_MAX {
+            match recv(self.0.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(_) => break,
+            }
+        }
+    }
 }
 
+impl AsFd for Doorbell {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+impl AsRawFd for Doorbell {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// A wake-up for threads of this process only (never handed to a peer): an eventfd.
 pub fn new_eventfd() -> Result<EventFd> {
     EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
         .map_err(|e| Error::os("eventfd", e))
 }
 
-/// Wakes whoever polls `efd`.
+/// Wakes whoever polls `efd` (an eventfd of this process: nobody else can clear its
+/// O_NONBLOCK).
 pub fn notify(efd: &EventFd) {
     // Cannot block: the counter only overflows after 2^64 - 2 unread wake-ups.
     let _ = efd.write(1);
@@ -194,9 +278,41 @@ mod tests {
         let tmp = tempfile::tempfile().unwrap();
         let fd: OwnedFd = tmp.into();
         assert!(check_sealed_memfd(fd.as_fd(), 0, "ring").is_err());
-        assert!(check_eventfd(fd, "frame-ready").is_err());
-        let efd = new_eventfd().unwrap();
-        let owned: OwnedFd = efd.into();
-        assert!(check_eventfd(owned, "frame-ready").is_ok());
+        assert!(Doorbell::from_peer(fd, "frame-ready").is_err());
+        let efd: OwnedFd = new_eventfd().unwrap().into();
+        assert!(Doorbell::from_peer(efd, "frame-ready").is_err());
+        let (stream, _) = nix::sys::socket::socketpair(
+            nix::sys::socket::AddressFamily::Unix,
+            nix::sys::socket::SockType::Stream,
+            None,
+            nix::sys::socket::SockFlag::empty(),
+        )
+        .unwrap();
+        assert!(Doorbell::from_peer(stream, "frame-ready").is_err());
+        let (a, b) = Doorbell::pair().unwrap();
+        let b = Doorbell::from_peer(b.0, "frame-ready").unwrap();
+        a.ring();
+        b.drain();
+    }
+
+    /// The peer shares each end's file description and may clear O_NONBLOCK on it: ringing a
+    /// full doorbell and draining an empty one still return at once.
+    #[test]
+    fn a_doorbell_never_blocks_whatever_the_peer_does_to_its_flags() {
+        let (a, b) = Doorbell::pair().unwrap();
+        for end in [&a, &b] {
+            fcntl(end, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
+        }
+        let start = std::time::Instant::now();
+        // Far more than any queue holds.
+        for _ in 0..100_000 {
+            a.ring();
+        }
+        b.drain();
+        for _ in 0..1000 {
+            b.drain();
+        }
+        a.drain();
+        assert!(start.elapsed() < std::time::Duration::from_secs(10));
     }
 }

@@ -17,7 +17,7 @@
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
 //! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery), pid u32, name str | – |
-//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready eventfd, release eventfd |
+//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix datagram socketpair, see [`crate::shm::Doorbell`]) |
 //! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
@@ -36,7 +36,9 @@
 //! slots.
 //!
 //! Version 3 added Close (version 2 peers refuse version 3 messages with a readable error:
-//! "protocol version 3 is not supported (this side speaks 2)").
+//! "protocol version 3 is not supported (this side speaks 2)"). Version 4 replaced the two
+//! eventfds of Welcome with doorbell sockets: an eventfd's O_NONBLOCK flag is shared with the
+//! peer, which could clear it and make the other side block for good.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -50,7 +52,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use super::{Error, Result};
 
 pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;

@@ -281,7 +281,10 @@ pub fn wait_for_path(path: &Path, timeout: Duration) {
 pub struct RawClient {
     pub conn: gstgpushm::ring::wire::Conn,
     pub ch: gstgpushm::ring::consumer::ConsumerChannel,
-    pub release: nix::sys::eventfd::EventFd,
+    /// Its end of the slot-released doorbell.
+    pub release: gstgpushm::ring::shm::Doorbell,
+    /// Its end of the frame-ready doorbell.
+    pub ready: gstgpushm::ring::shm::Doorbell,
     /// The first ring announced (descriptor and flags), once asked for with `recv_ring`.
     pub ring: Option<(std::os::fd::OwnedFd, u32)>,
 }
@@ -306,14 +309,15 @@ pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
     let Message::Welcome { queue_capacity, .. } = m else {
         panic!("expected Welcome, got {m:?}")
     };
-    let release = gstgpushm::ring::shm::check_eventfd(fds.pop().unwrap(), "release").unwrap();
-    let _ready = fds.pop().unwrap();
+    let release = gstgpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "release").unwrap();
+    let ready = gstgpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "ready").unwrap();
     let ch = gstgpushm::ring::consumer::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
         .unwrap();
     RawClient {
         conn,
         ch,
         release,
+        ready,
         ring: None,
     }
 }
