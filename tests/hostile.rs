@@ -1022,3 +1022,133 @@ fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
     consumer.join().unwrap();
     drop(c);
 }
+
+/// Connects a default subscriber to `sock` (5 s timeout) and takes one frame: how long the
+/// connection took, or why it failed.
+fn connect_and_take(sock: &Path) -> Result<Duration, String> {
+    let start = Instant::now();
+    let opts = gpushm::client::ConnectOptions {
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let mut sub = gpushm::client::Subscriber::connect(sock, opts).map_err(|e| e.to_string())?;
+    let took = start.elapsed();
+    match sub.next_frame(Some(Duration::from_secs(5))) {
+        Ok(Some(_)) => Ok(took),
+        r => Err(format!(
+            "connected, then no frame: {:?}",
+            r.map(|f| f.is_some())
+        )),
+    }
+}
+
+/// Issue 27, item 5: sockets that connect and never say Hello, reopened as soon as the
+/// producer drops them (more of them than it keeps in their handshake), cannot keep a
+/// consumer out: it connects within 1 s and gets frames (it used to be refused: "16
+/// connections are already in their handshake; try again").
+#[test]
+fn silent_connections_cannot_lock_consumers_out() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("slowloris.sock");
+    let mut p = producer(&sock, &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attacker = {
+        let (stop, sock) = (stop.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let mut open: Vec<UnixStream> = Vec::new();
+            let mut made = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Drop those the producer closed (readable: its Error, or EOF), open more.
+                open.retain(|s| {
+                    use std::io::Read;
+                    let mut r: &UnixStream = s;
+                    matches!(
+                        r.read(&mut [0u8; 1]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
+                    )
+                });
+                while open.len() < 100 {
+                    if let Ok(s) = UnixStream::connect(&sock) {
+                        s.set_nonblocking(true).unwrap();
+                        open.push(s);
+                        made += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            made
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    for round in 0..3 {
+        let took = connect_and_take(&sock)
+            .unwrap_or_else(|e| panic!("round {round}: a consumer was kept out: {e}"));
+        assert!(
+            took < Duration::from_secs(1),
+            "round {round}: connecting took {took:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let made = attacker.join().unwrap();
+    assert!(made > 100, "the attack opened only {made} connections");
+    p.kill9();
+}
+
+/// Issue 27, item 5: max-clients raw clients that take no frame cannot keep a consumer out
+/// (it used to be refused for as long as they stayed): a new consumer takes the place of the
+/// one stalled longest, connects within 1 s and gets frames.
+#[test]
+fn idle_clients_cannot_lock_consumers_out() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("idle.sock");
+    let mut p = producer(&sock, &[]);
+    let idle: Vec<Raw> = (0..64).map(|_| raw_client(&sock, 0)).collect();
+    // Frames wait for them, untaken, long enough for them to count as stalled.
+    std::thread::sleep(Duration::from_millis(1500));
+    for round in 0..3 {
+        let took = connect_and_take(&sock)
+            .unwrap_or_else(|e| panic!("round {round}: a consumer was kept out: {e}"));
+        assert!(
+            took < Duration::from_secs(1),
+            "round {round}: connecting took {took:?}"
+        );
+    }
+    drop(idle);
+    p.kill9();
+}
+
+/// Issue 27, item 5: 64 consumers connecting at once (released together by a barrier), as
+/// services started together at boot would, all get in within 5 s and get frames.
+#[test]
+fn sixty_four_consumers_connecting_at_once_all_get_in() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("boot.sock");
+    let mut p = producer(&sock, &["--slots", "16"]);
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(64));
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            let (barrier, sock) = (barrier.clone(), sock.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                connect_and_take(&sock)
+            })
+        })
+        .collect();
+    let results: Vec<Result<Duration, String>> =
+        threads.into_iter().map(|t| t.join().unwrap()).collect();
+    p.kill9();
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 64 failed: {failed:?}",
+        failed.len()
+    );
+    let slowest = results.iter().map(|r| *r.as_ref().unwrap()).max().unwrap();
+    assert!(
+        slowest < Duration::from_secs(5),
+        "the slowest took {slowest:?}"
+    );
+}

@@ -46,7 +46,9 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::producer::{Entry, FrameMeta};
-use super::wire::{Conn, Message, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
+use super::wire::{
+    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE,
+};
 use super::{shm, Error, Result};
 
 /// Caps generations remembered for frames still queued from before a caps change.
@@ -348,20 +350,34 @@ impl Connection {
         let deadline = Instant::now()
             .checked_add(opts.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));
+        // A busy producer is asked again after a growing pause (with some jitter, so that
+        // consumers started together do not come back together).
+        let mut backoff = Duration::from_millis(5);
         loop {
             match Self::connect_once(path, opts, wake, deadline) {
                 // A producer that dies (or is being replaced) can accept a connection and
-                // close it before answering, and an impostor may give way to the real one:
-                // try again while time is left.
-                Err(Error::Disconnected | Error::WrongPeer(_)) if Instant::now() < deadline => {
+                // close it before answering, an impostor may give way to the real one, and a
+                // busy producer asks us to try again: try again while time is left.
+                Err(e @ (Error::Disconnected | Error::WrongPeer(_) | Error::Busy(_)))
+                    if Instant::now() < deadline =>
+                {
+                    let pause = match e {
+                        Error::Busy(_) => {
+                            let jitter = Duration::from_nanos(crate::monotonic_ns() % 5_000_000);
+                            let p = backoff + jitter;
+                            backoff = (backoff * 2).min(Duration::from_millis(250));
+                            p.min(deadline.saturating_duration_since(Instant::now()))
+                        }
+                        _ => opts.retry,
+                    };
                     if let Some(w) = wake {
-                        let ms = opts.retry.as_millis().clamp(1, u16::MAX as u128) as u16;
+                        let ms = pause.as_millis().clamp(1, u16::MAX as u128) as u16;
                         let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
                         if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
                             return Err(Error::Interrupted);
                         }
                     } else {
-                        std::thread::sleep(opts.retry);
+                        std::thread::sleep(pause);
                     }
                 }
                 r => return r,
@@ -454,9 +470,12 @@ impl Connection {
                 queue_capacity,
             } => (client_id, queue_capacity),
             Message::Error { message } => {
-                return Err(Error::Refused(format!(
-                    "the producer refused the connection: {message}"
-                )))
+                return Err(match message.strip_prefix(BUSY_PREFIX) {
+                    Some(m) => Error::Busy(format!("the producer is busy: {m}")),
+                    None => {
+                        Error::Refused(format!("the producer refused the connection: {message}"))
+                    }
+                })
             }
             m => return Err(Error::protocol(format!("expected Welcome, got {m:?}"))),
         };

@@ -53,6 +53,9 @@ pub enum Error {
     Refused(String),
     /// The socket is served by a process of a user we do not accept frames from.
     WrongPeer(String),
+    /// The producer is busy (every handshake place taken, or at max-clients) and said to try
+    /// again: connecting retries, with backoff, until its timeout.
+    Busy(String),
 }
 
 impl Error {
@@ -79,7 +82,9 @@ impl fmt::Display for Error {
             Error::Disconnected => write!(f, "the peer closed the connection"),
             Error::Timeout(m) => write!(f, "timed out: {m}"),
             Error::Interrupted => write!(f, "interrupted"),
-            Error::Invalid(m) | Error::Refused(m) | Error::WrongPeer(m) => write!(f, "{m}"),
+            Error::Invalid(m) | Error::Refused(m) | Error::WrongPeer(m) | Error::Busy(m) => {
+                write!(f, "{m}")
+            }
         }
     }
 }

@@ -24,7 +24,9 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use crate::client::Delivery;
 use crate::layout::CLIENT_QUEUE_CAPACITY;
 use crate::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use crate::wire::{Conn, Message, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
+use crate::wire::{
+    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE,
+};
 use crate::{shm, Error, Result};
 
 /// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
@@ -168,6 +170,10 @@ struct Client {
     closed: bool,
     /// How long it may still hold a live producer up (`auto` only).
     hold: HoldCredit,
+    /// Since when it has frames waiting and took none (see [`STALLED_EVICT`]).
+    stalled_since: Option<Instant>,
+    /// Frames it had taken when last looked at.
+    taken_seen: u64,
 }
 
 /// What an `auto` consumer of a live stream may still hold the producer up: a bucket of
@@ -280,8 +286,15 @@ impl<P: Send + 'static> Drop for ReleaseWait<'_, P> {
     }
 }
 
-/// Connections still in their handshake, at most; more are refused at once.
-pub const MAX_PENDING: usize = 16;
+/// Connections that have not said Hello yet, at most. A new connection beyond that first
+/// lets those that did say it in, then takes the place of the oldest silent one, which is
+/// told to try again (a consumer sends Hello as soon as it connects: sockets that stay
+/// silent cannot lock consumers out).
+pub const MAX_PENDING: usize = 64;
+/// At max-clients, a new consumer takes the place of the client that has had frames waiting
+/// and taken none for longest, if that is at least this long (one that keeps up is never
+/// pushed out).
+pub const STALLED_EVICT: Duration = Duration::from_secs(1);
 /// How long every slot of the ring may be held by clients, with none of them giving a frame
 /// back, before the client holding most is disconnected (it takes frames and never gives them
 /// back, or it is frozen with many). Slow clients that still release frames are never cut.
@@ -1204,12 +1217,14 @@ impl<P: Send + 'static> Publisher<P> {
         }
         let mut back = Vec::new();
         let mut done_pending = Vec::new();
+        let mut listen = false;
         // Frames closed clients had not taken, back to the producer.
         let mut released = Vec::new();
         for k in ready {
             match k {
                 Kind::Wake => shm::drain(&self.wake),
-                Kind::Listen => self.accept_all(&mut inner),
+                // After the handshakes below: accepting may drop pending connections.
+                Kind::Listen => listen = true,
                 Kind::Pending(i) => done_pending.push(i),
                 Kind::Socket(id) => {
                     // Clients send nothing after Hello but Close, once: readable means that,
@@ -1271,6 +1286,10 @@ impl<P: Send + 'static> Publisher<P> {
             self.advance_handshake(&mut inner, i);
         }
         let now = Instant::now();
+        Self::note_progress(&mut inner, now);
+        if listen {
+            self.accept_all(&mut inner);
+        }
         let (alive, late): (Vec<Pending>, Vec<Pending>) = std::mem::take(&mut inner.pending)
             .into_iter()
             .partition(|p| now < p.since + HANDSHAKE_TIMEOUT);
@@ -1389,16 +1408,17 @@ impl<P: Send + 'static> Publisher<P> {
                 continue;
             }
             let conn = Conn::new(stream).refusing_fds();
-            let why = if inner.clients.len() >= self.config.max_clients {
+            let why = if inner.clients.len() >= self.config.max_clients
+                && !self.evict_stalled(inner)
+            {
                 Some(format!(
-                    "the producer already serves its maximum of {} consumers (max-clients)",
+                    "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
                     self.config.max_clients
                 ))
-            } else if inner.pending.len() >= MAX_PENDING {
-                Some(format!(
-                    "{MAX_PENDING} connections are already in their handshake; try again"
-                ))
             } else {
+                if inner.pending.len() >= MAX_PENDING {
+                    self.make_pending_room(inner);
+                }
                 None
             };
             if let Some(why) = why {
@@ -1421,6 +1441,96 @@ impl<P: Send + 'static> Publisher<P> {
                 pid,
                 uid,
             });
+        }
+    }
+
+    /// Pending connections are all taken: lets in those whose Hello arrived, then drops the
+    /// oldest silent one (told to try again).
+    fn make_pending_room(&self, inner: &mut Inner<P>) {
+        let readable: Vec<usize> = {
+            // SAFETY: the pending connections own their descriptors for this call.
+            let mut pfds: Vec<PollFd> = inner
+                .pending
+                .iter()
+                .map(|p| {
+                    PollFd::new(
+                        unsafe { BorrowedFd::borrow_raw(p.conn.raw_fd()) },
+                        PollFlags::POLLIN,
+                    )
+                })
+                .collect();
+            let _ = poll(&mut pfds, PollTimeout::ZERO);
+            pfds.iter()
+                .enumerate()
+                .filter(|(_, p)| p.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        for i in readable.into_iter().rev() {
+            self.advance_handshake(inner, i);
+        }
+        if inner.pending.len() < MAX_PENDING {
+            return;
+        }
+        let Some(oldest) = (0..inner.pending.len()).min_by_key(|&i| inner.pending[i].since) else {
+            return;
+        };
+        let p = inner.pending.swap_remove(oldest);
+        let why = format!(
+            "{BUSY_PREFIX}{MAX_PENDING} connections are in their handshake and this one said nothing for {:?}; try again",
+            p.since.elapsed()
+        );
+        let _ = p.conn.send(
+            &Message::Error {
+                message: why.clone(),
+            },
+            &[],
+        );
+        inner.events.push(Event::Disconnected {
+            id: 0,
+            reason: format!(
+                "dropped the silent connection of pid {} (uid {}): {why}",
+                p.pid, p.uid
+            ),
+        });
+        self.reap(Box::new(p.conn));
+    }
+
+    /// At max-clients: cuts the client stalled longest (frames waiting, none taken for at
+    /// least [`STALLED_EVICT`]) to make room. False if none is.
+    fn evict_stalled(&self, inner: &mut Inner<P>) -> bool {
+        let now = Instant::now();
+        let Some((id, since)) = inner
+            .clients
+            .iter()
+            .filter_map(|c| c.stalled_since.map(|t| (c.id, t)))
+            .filter(|&(_, t)| now.saturating_duration_since(t) >= STALLED_EVICT)
+            .min_by_key(|&(_, t)| t)
+        else {
+            return false;
+        };
+        self.drop_client(
+            inner,
+            id,
+            format!(
+                "the producer serves its maximum of {} consumers (max-clients) and a new one connected: this one took no frame for {:?} while frames waited, so it made room",
+                self.config.max_clients,
+                now.saturating_duration_since(since)
+            ),
+        );
+        true
+    }
+
+    /// Notes whether each client keeps taking the frames delivered to it.
+    fn note_progress(inner: &mut Inner<P>, now: Instant) {
+        for c in inner.clients.iter_mut() {
+            let taken = c.ch.taken();
+            if taken != c.taken_seen || c.ch.pending_len() == 0 || c.closed {
+                c.taken_seen = taken;
+                c.stalled_since = None;
+            } else if c.stalled_since.is_none() {
+                c.stalled_since = Some(now);
+            }
         }
     }
 
@@ -1516,6 +1626,8 @@ impl<P: Send + 'static> Publisher<P> {
                 writable,
                 closed: false,
                 hold: HoldCredit::new(),
+                stalled_since: None,
+                taken_seen: 0,
             };
             Self::send_ring_and_caps(inner, &c)?;
             if inner.eos {

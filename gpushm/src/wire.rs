@@ -33,7 +33,8 @@
 //! delivered and the consumer had not taken, and leaves every frame the consumer holds alone
 //! until the consumer releases it or closes the socket (see [`crate::client`], "Held frames").
 //! An Error from the producer after Welcome means it cut the consumer and took back all of its
-//! slots.
+//! slots. An Error instead of Welcome whose message starts with [`BUSY_PREFIX`] means the
+//! producer is busy (handshakes or max-clients): the consumer tries again, with backoff.
 //!
 //! Version 3 added Close (version 2 peers refuse version 3 messages with a readable error:
 //! "protocol version 3 is not supported (this side speaks 2)"). Version 4 replaced the two
@@ -56,6 +57,8 @@ pub const PROTOCOL_VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
+/// An Error message that starts with this, instead of Welcome: try again later.
+pub const BUSY_PREFIX: &str = "busy: ";
 pub const FLAG_LOSSLESS: u32 = 1;
 /// The consumer's GPU cannot register read-only memory: it asks for a writable ring descriptor.
 pub const FLAG_WRITABLE_RING: u32 = 2;

@@ -699,7 +699,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecUInt::builder("max-clients")
                     .nick("Max clients")
-                    .blurb("Consumers served at once, at most (handshakes in progress included); more are refused with an error naming this limit. Each costs the producer 4 file descriptors")
+                    .blurb("Consumers served at once, at most. A new consumer beyond them takes the place of one that has had frames waiting and taken none for 1 s or more; otherwise it is told the producer is busy and retries until its timeout. Each costs the producer 4 file descriptors")
                     .minimum(1)
                     .maximum(4096)
                     .default_value(DEFAULT_MAX_CLIENTS)
