@@ -1152,3 +1152,95 @@ fn sixty_four_consumers_connecting_at_once_all_get_in() {
         "the slowest took {slowest:?}"
     );
 }
+
+/// Issue 27, item 4: in a shared directory (0777, no sticky bit) another user renames the
+/// producer's fresh private directory away and puts one of theirs in its place whose `s`
+/// links to a file of the producer's user, hoping the producer chmods (perms=0666) or renames
+/// through it. 300 starts against an attacker racing every one: the file keeps its mode
+/// (starts the swap spoils may fail, saying why).
+#[test]
+fn second_user_swapping_the_private_directory_cannot_redirect_the_socket() {
+    let _s = serial();
+    let shared = shared_dir();
+    let keep = tmpdir();
+    let target = keep.path().join("secret");
+    std::fs::write(&target, b"mine").unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let script = r#"
+import os, sys, time
+shared, target, secs = sys.argv[1], sys.argv[2], float(sys.argv[3])
+end = time.time() + secs
+swaps = 0
+mine = set()
+while time.time() < end and not os.path.exists(os.path.join(shared, 'stop')):
+    try:
+        names = os.listdir(shared)
+    except OSError:
+        continue
+    for n in names:
+        if not n.startswith('.gpushm-') or len(n) != len('.gpushm-XXXXXX') or n in mine:
+            continue
+        d = os.path.join(shared, n)
+        try:
+            os.rename(d, d + '.%d' % swaps)
+            os.mkdir(d, 0o777)
+            mine.add(n)
+            os.symlink(target, os.path.join(d, 's'))
+            swaps += 1
+        except OSError:
+            pass
+print('SWAPS', swaps, flush=True)
+"#;
+    let mut attacker = std::process::Command::new("python3");
+    attacker.args([
+        "-c",
+        script,
+        shared.path().to_str().unwrap(),
+        target.to_str().unwrap(),
+        "60",
+    ]);
+    as_nobody(&mut attacker, shared.path());
+    let attacker = Proc::spawn(attacker, "attacker");
+    std::thread::sleep(Duration::from_millis(300));
+    let layout =
+        gpushm::format::FrameLayout::new(gpushm::format::VideoFormat::Gray8, 64, 48).unwrap();
+    let config = gpushm::publisher::Config {
+        perms: 0o666,
+        ..Default::default()
+    };
+    let (mut started, mut refused) = (0, Vec::new());
+    for start in 0..300 {
+        match gpushm::publisher::FramePublisher::new(
+            &shared.path().join("cam"),
+            layout.clone(),
+            (30, 1),
+            2,
+            config.clone(),
+        ) {
+            Ok(p) => {
+                started += 1;
+                drop(p);
+            }
+            Err(e) => refused.push(e.to_string()),
+        }
+        let mode = std::fs::metadata(&target).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            mode, 0o600,
+            "start {start}: the attacker made the producer chmod its own file"
+        );
+        assert_eq!(std::fs::read(&target).unwrap(), b"mine");
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    std::fs::write(shared.path().join("stop"), b"").unwrap();
+    let (_, out) = attacker.finish(Duration::from_secs(30));
+    let swaps: usize = out
+        .iter()
+        .find_map(|l| l.strip_prefix("SWAPS ").map(|n| n.trim().parse().unwrap()))
+        .unwrap_or(0);
+    eprintln!(
+        "{started} starts, {} refused, attacker swapped {swaps}: {:?}",
+        refused.len(),
+        refused.first()
+    );
+    assert!(started > 0, "no start succeeded: {refused:?}");
+}

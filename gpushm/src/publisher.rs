@@ -9,8 +9,8 @@
 //! the sink's pool, or a plain token): it is parked until the last client released the slot,
 //! then handed to the ring's [`Requeue`].
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -359,53 +359,92 @@ fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
             path.display()
         )));
     }
-    /// Removes the private directory (and a socket left in it) on every path.
-    struct Private(PathBuf);
-    impl Drop for Private {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(self.0.join("s"));
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    impl Private {
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-    // mkdtemp makes it with mode 0700.
-    let private = Private(
-        nix::unistd::mkdtemp(&dir.join(".gpushm-XXXXXX")).map_err(|e| {
-            Error::os(
-                format!("cannot create a directory next to {}", path.display()),
-                e,
-            )
-        })?,
-    );
+    // mkdtemp makes it with mode 0700. In a shared directory (0777, no sticky bit) another
+    // user can rename it away and put one of theirs in its place before we open it, whose
+    // `s` links to a file of ours: everything below works through the descriptor of the
+    // directory we checked is ours (O_NOFOLLOW, owned by us, 0700: nobody else can add,
+    // remove or swap entries in it), never by its path.
+    let made = nix::unistd::mkdtemp(&dir.join(".gpushm-XXXXXX")).map_err(|e| {
+        Error::os(
+            format!("cannot create a directory next to {}", path.display()),
+            e,
+        )
+    })?;
+    let private = PrivateDir::open(&made).inspect_err(|_| {
+        // Ours or not, an empty directory of that name goes; a full one stays.
+        let _ = std::fs::remove_dir(&made);
+    })?;
     // Bind through the directory's descriptor: the temporary path is short, whatever the
     // length of the final one.
-    let dirfd = std::fs::File::open(private.path()).map_err(|e| Error::os("open", errno(&e)))?;
-    let short = PathBuf::from(format!("/proc/self/fd/{}/s", dirfd.as_raw_fd()));
+    let short = PathBuf::from(format!("/proc/self/fd/{}/s", private.fd.as_raw_fd()));
     let listener = UnixListener::bind(&short).map_err(|e| {
         Error::os(
             format!("cannot create socket {}", path.display()),
             errno(&e),
         )
     })?;
-    let tmp = private.path().join("s");
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(perms & 0o777))
-        .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| {
-            Error::os(
-                format!("cannot create socket {}", path.display()),
-                errno(&e),
-            )
-        })?;
-    drop(dirfd);
+    let created = (|| -> nix::Result<()> {
+        use nix::sys::stat::{fchmodat, FchmodatFlags, Mode};
+        // Inside a directory only we can change: `s` is the socket just bound.
+        fchmodat(
+            &private.fd,
+            "s",
+            Mode::from_bits_truncate(perms & 0o777),
+            FchmodatFlags::FollowSymlink,
+        )?;
+        nix::fcntl::renameat(&private.fd, "s", nix::fcntl::AT_FDCWD, path)
+    })();
+    created.map_err(|e| Error::os(format!("cannot create socket {}", path.display()), e))?;
     drop(private);
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::os("fcntl", errno(&e)))?;
     Ok(listener)
+}
+
+/// The private directory `bind` makes, opened and checked to be the one it made.
+struct PrivateDir {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    /// Opens `path` without following a link, and refuses it unless it is a directory of
+    /// ours that nobody else can write (what mkdtemp made).
+    fn open(path: &Path) -> Result<Self> {
+        use nix::fcntl::{open, OFlag};
+        use nix::sys::stat::{fstat, Mode, SFlag};
+        let fd = open(
+            path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| Error::os(format!("open {}", path.display()), e))?;
+        let st = fstat(&fd).map_err(|e| Error::os("fstat", e))?;
+        let me = nix::unistd::geteuid().as_raw();
+        let kind = SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits());
+        if kind != SFlag::S_IFDIR || st.st_uid != me || st.st_mode & 0o077 != 0 {
+            return Err(Error::Invalid(format!(
+                "{} is not the private directory just made (owner uid {}, mode {:o}): another user swapped it; refusing to create the socket through it",
+                path.display(),
+                st.st_uid,
+                st.st_mode & 0o7777
+            )));
+        }
+        Ok(Self {
+            fd,
+            path: path.to_owned(),
+        })
+    }
+}
+
+impl Drop for PrivateDir {
+    /// Removes what is left in it (a socket not renamed, on an error) and then the directory
+    /// under its name (which fails, harmlessly, for anything but an empty directory).
+    fn drop(&mut self) {
+        let _ = nix::unistd::unlinkat(&self.fd, "s", nix::unistd::UnlinkatFlags::NoRemoveDir);
+        let _ = std::fs::remove_dir(&self.path);
+    }
 }
 
 fn errno(e: &std::io::Error) -> nix::errno::Errno {
