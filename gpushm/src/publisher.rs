@@ -364,16 +364,27 @@ fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
     // `s` links to a file of ours: everything below works through the descriptor of the
     // directory we checked is ours (O_NOFOLLOW, owned by us, 0700: nobody else can add,
     // remove or swap entries in it), never by its path.
-    let made = nix::unistd::mkdtemp(&dir.join(".gpushm-XXXXXX")).map_err(|e| {
-        Error::os(
-            format!("cannot create a directory next to {}", path.display()),
-            e,
-        )
-    })?;
-    let private = PrivateDir::open(&made).inspect_err(|_| {
-        // Ours or not, an empty directory of that name goes; a full one stays.
-        let _ = std::fs::remove_dir(&made);
-    })?;
+    // A swapped directory is refused; another is made, a few times, before giving up.
+    let mut attempt = 0;
+    let private = loop {
+        let made = nix::unistd::mkdtemp(&dir.join(".gpushm-XXXXXX")).map_err(|e| {
+            Error::os(
+                format!("cannot create a directory next to {}", path.display()),
+                e,
+            )
+        })?;
+        match PrivateDir::open(&made) {
+            Ok(p) => break p,
+            Err(e) => {
+                // Ours or not, an empty directory of that name goes; a full one stays.
+                let _ = std::fs::remove_dir(&made);
+                attempt += 1;
+                if attempt == 5 {
+                    return Err(e);
+                }
+            }
+        }
+    };
     // Bind through the directory's descriptor: the temporary path is short, whatever the
     // length of the final one.
     let short = PathBuf::from(format!("/proc/self/fd/{}/s", private.fd.as_raw_fd()));
