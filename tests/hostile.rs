@@ -1244,3 +1244,169 @@ print('SWAPS', swaps, flush=True)
     );
     assert!(started > 0, "no start succeeded: {refused:?}");
 }
+
+/// Issue 27, item 3: a group of leaky clients that together hold every slot the victim does
+/// not, each giving one frame back every 400 ms and taking a new one (which used to reset the
+/// starvation timer and kept the victim at ~2.5 fps for good), cannot starve a consumer that
+/// keeps up: within a few seconds the victim gets the producer's rate again.
+#[test]
+fn a_hoarding_group_cannot_starve_a_consumer_that_keeps_up() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("hoard.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let hoarders: Vec<Raw> = (0..3).map(|_| raw_connect(&sock, FLAG_LOSSLESS)).collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let group = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut held: Vec<std::collections::VecDeque<Entry>> =
+                hoarders.iter().map(|_| Default::default()).collect();
+            let mut last_release = Instant::now();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (h, held) in hoarders.iter().zip(held.iter_mut()) {
+                    while let Ok(Some(e)) = h.ch.take() {
+                        held.push_back(e);
+                    }
+                }
+                if last_release.elapsed() >= Duration::from_millis(400) {
+                    last_release = Instant::now();
+                    for (h, held) in hoarders.iter().zip(held.iter_mut()) {
+                        if let Some(e) = held.pop_front() {
+                            h.ch.release(e);
+                            h.release.ring();
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            hoarders
+        })
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    let from = now() - 2_000_000_000;
+    let to = now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let hoarders = group.join().unwrap();
+    let cut = hoarders.iter().filter(|h| h.ch.revoked()).count();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    let f = frames(&out);
+    let per_s: Vec<usize> = (0..8)
+        .map(|s| {
+            f.iter()
+                .filter(|&&(_, t)| {
+                    t >= to - (8 - s) * 1_000_000_000 && t < to - (7 - s) * 1_000_000_000
+                })
+                .count()
+        })
+        .collect();
+    eprintln!("hoarders cut: {cut}; victim frames per second: {per_s:?}");
+    // The last two seconds: every frame, at full rate.
+    assert_full_rate(&out, from, to);
+}
+
+/// Issue 27, item 3: eight clients that each take one frame and hold it for good (as many as
+/// the ring has slots), each replaced by a new one as soon as it is cut, cannot starve a
+/// consumer that keeps up.
+#[test]
+fn one_slot_hoarders_replaced_when_cut_cannot_starve_a_consumer_that_keeps_up() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("hoard1.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let group = {
+        let (stop, sock) = (stop.clone(), sock.clone());
+        std::thread::spawn(move || {
+            let mut hoarders: Vec<(Raw, Option<Entry>)> = Vec::new();
+            let mut replaced = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                hoarders.retain(|(h, _)| !h.ch.revoked());
+                while hoarders.len() < 8 {
+                    hoarders.push((raw_connect(&sock, 0), None));
+                    replaced += 1;
+                }
+                // Each keeps a slot no other hoarder holds, giving back the rest.
+                let mut pinned: Vec<u32> = hoarders
+                    .iter()
+                    .filter_map(|(_, held)| held.map(|e| e.slot))
+                    .collect();
+                for (h, held) in hoarders.iter_mut() {
+                    while let Ok(Some(e)) = h.ch.take() {
+                        if held.is_none() && !pinned.contains(&e.slot) {
+                            *held = Some(e);
+                            pinned.push(e.slot);
+                        } else {
+                            h.ch.release(e);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            replaced
+        })
+    };
+    std::thread::sleep(Duration::from_secs(6));
+    let from = now() - 2_000_000_000;
+    let to = now();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let replaced = group.join().unwrap();
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    let f = frames(&out);
+    let per_s: Vec<usize> = (0..8)
+        .map(|s| {
+            f.iter()
+                .filter(|&&(_, t)| {
+                    t >= to - (8 - s) * 1_000_000_000 && t < to - (7 - s) * 1_000_000_000
+                })
+                .count()
+        })
+        .collect();
+    eprintln!(
+        "hoarders connected: {replaced}; victim frames per second: {per_s:?}\n{}",
+        out.iter()
+            .filter(|l| !l.starts_with("FRAME"))
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert_full_rate(&out, from, to);
+}
+
+/// The counterpart of the hoarder tests: more consumers than the ring has slots, each keeping
+/// its last frame in a syncing sink (fakesink keeps its last sample), are not cut as hoarders:
+/// while crowded their budget is one frame, so gpushmsrc copies what its sink keeps. Each of
+/// 9 consumers on an 8-slot ring gets its 60 frames and exits cleanly.
+#[test]
+fn more_consumers_than_slots_that_keep_their_last_frame_are_not_cut() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("crowd.sock");
+    let mut p = producer(&sock, &["--slots", "8"]);
+    let consumers: Vec<Proc> = (0..9)
+        .map(|i| {
+            Proc::spawn(
+                gst_launch(&format!(
+                    "gpushmsrc socket-path={} num-buffers=60 ! fakesink sync=true enable-last-sample=true",
+                    sock.display()
+                )),
+                &format!("consumer {i}"),
+            )
+        })
+        .collect();
+    for (i, c) in consumers.into_iter().enumerate() {
+        let (status, out) = c.finish(Duration::from_secs(30));
+        assert!(
+            status.success(),
+            "consumer {i} failed: {status}\n{}",
+            out.join("\n")
+        );
+    }
+    p.kill9();
+}

@@ -22,7 +22,11 @@
 //!   consumer when every slot of its ring has been held for
 //!   [`crate::publisher::STARVATION_TIMEOUT`] with none given back: a closed consumer still
 //!   holding frames first, else one holding more than its fair share (the ring's slots over the
-//!   open consumers); a consumer that keeps within its share is never cut. The producer marks
+//!   open consumers); a consumer that keeps within its share is never cut, except in a
+//!   crowded ring (as many open consumers as slots less one, or more): there every budget is
+//!   two frames (gpushmsrc and Python then copy what they keep), and while the producer waits
+//!   for a slot with every slot held, the consumers holding the oldest frame are cut at once.
+//!   The producer marks
 //!   the consumer's control block before it takes the slots back, then says why (an `Error`
 //!   message): from then on [`SlotLease::is_valid`] is false and [`SlotLease::revoked`] says
 //!   why, whether the subscriber is open, closed or no longer reading. Python frames then

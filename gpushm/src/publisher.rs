@@ -754,6 +754,20 @@ impl<P: Send + 'static> Publisher<P> {
         // miss per client) unless a client may be full by the counts of the last frame: a
         // client under the smaller limit (what a leaky client keeps zero-copy) is treated
         // the same whatever it released since.
+        // Crowded: too many open clients for each to keep frames of its own (the ring's slots
+        // less one, or more). Every client's budget is then one frame, so that consumers copy
+        // what their downstream keeps instead of pinning slots (see relieve_overcrowding).
+        let crowded = guard.rings.last().is_some_and(|r| {
+            guard.clients.iter().filter(|c| !c.closed).count() + 1 >= r.slots.len()
+        });
+        let policy = Policy {
+            budget: if crowded {
+                policy.budget.min(2)
+            } else {
+                policy.budget
+            },
+            ..policy
+        };
         let mut back = Vec::new();
         let limit = crate::layout::zero_copy_limit(policy.budget);
         let mut reclaimed = false;
@@ -1091,7 +1105,61 @@ impl<P: Send + 'static> Publisher<P> {
     pub fn want_releases(&self) -> ReleaseWait<'_, P> {
         Self::add_release_waiter(&mut lock(&self.inner), true);
         self.reclaim();
+        let mut inner = lock(&self.inner);
+        self.relieve_overcrowding(&mut inner);
+        let events = std::mem::take(&mut inner.events);
+        drop(inner);
+        self.emit(events);
         ReleaseWait(self)
+    }
+
+    /// The producer has no free slot. If every slot of the ring is held by clients and there
+    /// are too many clients for each to keep one (at least the ring's slots less one), some
+    /// client must give way at once, or clients that each keep one frame (each within its
+    /// share) stop the stream for everybody: the clients holding the oldest frame are cut (a
+    /// consumer that keeps up holds the newest ones). While crowded, every client's budget is
+    /// one frame, so consumers that follow it (gpushmsrc, Python) copy what they keep and are
+    /// not the ones holding old frames.
+    fn relieve_overcrowding(&self, inner: &mut Inner<P>) {
+        let Some(ring) = inner.rings.last() else {
+            return;
+        };
+        let slots = ring.slots.len();
+        let gen = ring.ring.ring_gen();
+        if ring.slots.iter().any(|s| s.client_refs == 0) {
+            return;
+        }
+        let open = inner.clients.iter().filter(|c| !c.closed).count();
+        if open + 1 < slots {
+            return;
+        }
+        let Some(oldest) = inner
+            .clients
+            .iter()
+            .flat_map(|c| {
+                c.ch.outstanding()
+                    .filter(|e| e.ring_gen == gen)
+                    .map(|e| e.seq)
+            })
+            .min()
+        else {
+            return;
+        };
+        let holders: Vec<u32> = inner
+            .clients
+            .iter()
+            .filter(|c| c.ch.outstanding().any(|e| e.seq == oldest))
+            .map(|c| c.id)
+            .collect();
+        for id in holders {
+            self.drop_client(
+                inner,
+                id,
+                format!(
+                    "{open} consumers share a ring of {slots} slots, all held, and this one held the oldest frame: cut so that the producer can go on (frames it still holds may be overwritten)"
+                ),
+            );
+        }
     }
 
     /// The pool got `buffer` back. Returns it if no client holds its slot, otherwise parks it
@@ -1381,6 +1449,10 @@ impl<P: Send + 'static> Publisher<P> {
     /// one). A client within its share is never cut: slots held by clients that all keep
     /// within theirs come back as they release them.
     fn check_starvation(&self, inner: &mut Inner<P>, now: Instant) {
+        if inner.release_waiters > 0 {
+            // The producer waits for a slot now.
+            self.relieve_overcrowding(inner);
+        }
         let Some(slots) = inner
             .rings
             .last()
