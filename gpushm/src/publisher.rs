@@ -758,7 +758,10 @@ impl<P: Send + 'static> Publisher<P> {
         // less one, or more). Every client's budget is then one frame, so that consumers copy
         // what their downstream keeps instead of pinning slots (see relieve_overcrowding).
         let crowded = guard.rings.last().is_some_and(|r| {
-            guard.clients.iter().filter(|c| !c.closed).count() + 1 >= r.slots.len()
+            Self::crowded(
+                guard.clients.iter().filter(|c| !c.closed).count(),
+                r.slots.len(),
+            )
         });
         let policy = Policy {
             budget: if crowded {
@@ -1113,6 +1116,13 @@ impl<P: Send + 'static> Publisher<P> {
         ReleaseWait(self)
     }
 
+    /// Too many open clients for each to keep frames of its own: as many as the ring's slots
+    /// less one, or more (two at least: one client holding a small ring whole is waited for,
+    /// as its budget says).
+    fn crowded(open: usize, slots: usize) -> bool {
+        open >= 2 && open + 1 >= slots
+    }
+
     /// The producer has no free slot. If every slot of the ring is held by clients and there
     /// are too many clients for each to keep one (at least the ring's slots less one), some
     /// client must give way at once, or clients that each keep one frame (each within its
@@ -1130,7 +1140,7 @@ impl<P: Send + 'static> Publisher<P> {
             return;
         }
         let open = inner.clients.iter().filter(|c| !c.closed).count();
-        if open + 1 < slots {
+        if !Self::crowded(open, slots) {
             return;
         }
         let Some(oldest) = inner
