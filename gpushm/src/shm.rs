@@ -86,8 +86,9 @@ pub fn check_sealed_memfd(fd: BorrowedFd<'_>, min_size: u64, what: &str) -> Resu
     Ok(())
 }
 
-/// One end of a wake-up channel between a producer and one consumer: a datagram socket of
-/// a socketpair, one per direction ("a frame is ready", "a slot was released").
+/// One end of a wake-up channel between a producer and one consumer: a unix stream socket
+/// of a socketpair, one per direction ("a frame is ready", "a slot was released"). A ring
+/// is one byte; one receive takes every byte waiting.
 ///
 /// The two processes share each end's open file description (it travels over the control
 /// socket), so its file status flags are the peer's to change: a peer may clear O_NONBLOCK.
@@ -98,9 +99,9 @@ pub fn check_sealed_memfd(fd: BorrowedFd<'_>, min_size: u64, what: &str) -> Resu
 #[derive(Debug)]
 pub struct Doorbell(OwnedFd);
 
-/// Wake-ups read at most per [`Doorbell::drain`]: a peer that rings without end cannot keep
-/// us in it.
-const DRAIN_MAX: usize = 64;
+/// Receives at most per [`Doorbell::drain`]: a peer that rings without end cannot keep us in
+/// it.
+const DRAIN_MAX: usize = 16;
 
 impl Doorbell {
     /// A connected pair: ring one, the other becomes readable.
@@ -108,7 +109,7 @@ impl Doorbell {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let (a, b) = socketpair(
             AddressFamily::Unix,
-            SockType::Datagram,
+            SockType::Stream,
             None,
             SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         )
@@ -117,14 +118,14 @@ impl Doorbell {
     }
 
     /// Takes a doorbell end received from the peer, after checking that it is one: a unix
-    /// datagram socket.
+    /// stream socket.
     pub fn from_peer(fd: OwnedFd, what: &str) -> Result<Doorbell> {
         use nix::sys::socket::{getsockopt, sockopt, SockType};
         match getsockopt(&fd, sockopt::SockType) {
-            Ok(SockType::Datagram) => {}
+            Ok(SockType::Stream) => {}
             Ok(t) => {
                 return Err(Error::protocol(format!(
-                    "{what}: expected a datagram socket, got a {t:?} socket"
+                    "{what}: expected a stream socket, got a {t:?} socket"
                 )))
             }
             Err(_) => {
@@ -132,7 +133,7 @@ impl Doorbell {
                     .map(|l| l.display().to_string())
                     .unwrap_or_else(|e| e.to_string());
                 return Err(Error::protocol(format!(
-                    "{what}: expected a datagram socket, got {link}"
+                    "{what}: expected a stream socket, got {link}"
                 )));
             }
         }
@@ -157,14 +158,16 @@ impl Doorbell {
         );
     }
 
-    /// Reads the wake-ups waiting (at most [`DRAIN_MAX`]). Never blocks.
+    /// Reads the wake-ups waiting: one receive, unless more were waiting than it holds
+    /// (at most [`DRAIN_MAX`]). Never blocks.
     pub fn drain(&self) {
         use nix::sys::socket::{recv, MsgFlags};
-        let mut buf = [0u8; 16];
+        let mut buf = [0u8; 256];
         for _ in 0..DRAIN_MAX {
             match recv(self.0.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
-                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
-                Err(_) => break,
+                Ok(n) if n == buf.len() => {}
+                Err(nix::errno::Errno::EINTR) => {}
+                _ => break,
             }
         }
     }
@@ -283,7 +286,7 @@ mod tests {
         assert!(Doorbell::from_peer(efd, "frame-ready").is_err());
         let (stream, _) = nix::sys::socket::socketpair(
             nix::sys::socket::AddressFamily::Unix,
-            nix::sys::socket::SockType::Stream,
+            nix::sys::socket::SockType::Datagram,
             None,
             nix::sys::socket::SockFlag::empty(),
         )

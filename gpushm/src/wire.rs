@@ -17,7 +17,7 @@
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
 //! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery), pid u32, name str | – |
-//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix datagram socketpair, see [`crate::shm::Doorbell`]) |
+//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix stream socketpair, see [`crate::shm::Doorbell`]) |
 //! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
