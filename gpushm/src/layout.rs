@@ -166,12 +166,12 @@ pub struct ClientHeader {
     /// Frames the client copied out of the ring instead of keeping them zero-copy (client;
     /// a statistic the producer only reports).
     pub copied: AtomicU64,
-    /// Nonzero while the client waits (or is about to wait) on its frame-ready eventfd
-    /// (client): the producer writes that eventfd after a delivery only then, so a client
+    /// Nonzero while the client waits (or is about to wait) on its frame-ready doorbell
+    /// (client): the producer rings it after a delivery only then, so a client
     /// busy with a backlog costs no system call per frame.
     pub consumer_waits: AtomicU32,
-    /// Nonzero while the producer waits for slots to come back (producer): the client writes
-    /// the slot-released eventfd after a release only then. Otherwise the producer takes
+    /// Nonzero while the producer waits for slots to come back (producer): the client rings
+    /// the slot-released doorbell after a release only then. Otherwise the producer takes
     /// releases when it publishes, and at least every 100 ms.
     pub producer_waits: AtomicU32,
     pub _reserved: [AtomicU64; 6],

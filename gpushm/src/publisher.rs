@@ -1127,7 +1127,8 @@ impl<P: Send + 'static> Publisher<P> {
     /// are too many clients for each to keep one (at least the ring's slots less one), some
     /// client must give way at once, or clients that each keep one frame (each within its
     /// share) stop the stream for everybody: the clients holding the oldest frame are cut (a
-    /// consumer that keeps up holds the newest ones). While crowded, every client's budget is
+    /// consumer that keeps up holds the newest ones), after a closed client still holding
+    /// frames or the one most over its share, if any. While crowded, every client's budget is
     /// one frame, so consumers that follow it (gpushmsrc, Python) copy what they keep and are
     /// not the ones holding old frames.
     fn relieve_overcrowding(&self, inner: &mut Inner<P>) {
@@ -1141,6 +1142,25 @@ impl<P: Send + 'static> Publisher<P> {
         }
         let open = inner.clients.iter().filter(|c| !c.closed).count();
         if !Self::crowded(open, slots) {
+            return;
+        }
+        // A closed client still holding frames, or the one most over its share, first (as
+        // check_starvation would, later).
+        let share = (slots / open.max(1)).max(1);
+        if let Some((id, refs, share)) = inner
+            .clients
+            .iter()
+            .map(|c| (c.id, c.refs(), if c.closed { 0 } else { share }))
+            .filter(|&(_, r, share)| r > share)
+            .max_by_key(|&(_, r, share)| (share == 0, r))
+        {
+            self.drop_client(
+                inner,
+                id,
+                format!(
+                    "{open} consumers share a ring of {slots} slots, all held; this one held {refs}, more than its share of {share}: cut so that the producer can go on (frames it still holds may be overwritten)"
+                ),
+            );
             return;
         }
         let Some(oldest) = inner

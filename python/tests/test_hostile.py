@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: MPL-2.0
+"""A peer can only hurt itself, from Python: a hostile consumer speaking the protocol by hand
+against the Python Publisher (issue 27). The Rust attack tests (tests/hostile.rs) cover the
+same core from both sides; this one checks the Python binding keeps publishing."""
+
+import fcntl
+import mmap
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+import gpushm
+
+PROTOCOL_VERSION = 4
+HELLO, WELCOME = 1, 2
+# ClientHeader.consumer_waits (gpushm/src/layout.rs asserts the offset).
+CONSUMER_WAITS = 72
+
+
+def raw_hello(path: str):
+    """Connects, says Hello (leaky), and returns the socket and the Welcome's descriptors."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    name = b"hostile"
+    payload = struct.pack("<II", 0, os.getpid()) + struct.pack("<I", len(name)) + name
+    s.sendall(b"GSHW" + struct.pack("<HHII", PROTOCOL_VERSION, HELLO, len(payload), 0) + payload)
+    s.settimeout(5)
+    msg, fds, _, _ = socket.recv_fds(s, 4096, 8)
+    assert msg[:4] == b"GSHW", msg
+    assert struct.unpack_from("<H", msg, 6)[0] == WELCOME, msg
+    assert len(fds) == 3, fds
+    return s, fds
+
+
+def test_a_consumer_cannot_block_the_python_publisher_through_its_wake_up_descriptors(sock):
+    """A client that makes its wake-up descriptors blocking (and fills them where it can), asks
+    to be woken after every frame and never reads cannot make Publisher.publish() block: 300
+    frames go out and an honest subscriber gets them."""
+    with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=1000, slots=8) as pub:
+        s, (memfd, ready, release) = raw_hello(sock)
+        for fd in (ready, release):
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+            if "eventfd" in os.readlink(f"/proc/self/fd/{fd}"):
+                os.write(fd, struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFFE))
+        block = mmap.mmap(memfd, os.fstat(memfd).st_size)
+        struct.pack_into("<I", block, CONSUMER_WAITS, 1)
+        honest = gpushm.Subscriber(sock)
+        deadline = time.monotonic() + 10
+        while pub.num_clients < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        done = threading.Event()
+
+        def publish():
+            for v in range(300):
+                pub.publish(np.full((48, 64), v % 256, dtype=np.uint8))
+            done.set()
+
+        t = threading.Thread(target=publish, daemon=True)
+        t.start()
+        got = 0
+        deadline = time.monotonic() + 20
+        while not done.is_set() and time.monotonic() < deadline:
+            try:
+                honest.next_frame(timeout=0.2).release()
+                got += 1
+            except gpushm.Timeout:
+                pass
+        assert done.is_set(), f"publish() blocked after the honest subscriber got {got} frames"
+        assert got > 0
+        honest.close()
+        block.close()
+        for fd in (memfd, ready, release):
+            os.close(fd)
+        s.close()
