@@ -1560,8 +1560,10 @@ impl<P: Send + 'static> Publisher<P> {
                 continue;
             }
             let conn = Conn::new(stream).refusing_fds();
+            // At max-clients, a connection is let in only if a stalled client could make room
+            // for it, which it does once it said Hello (a silent socket pushes nobody out).
             let why = if inner.clients.len() >= self.config.max_clients
-                && !self.evict_stalled(inner)
+                && self.stalled_longest(inner).is_none()
             {
                 Some(format!(
                     "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
@@ -1652,13 +1654,7 @@ impl<P: Send + 'static> Publisher<P> {
     /// least [`STALLED_EVICT`]) to make room. False if none is.
     fn evict_stalled(&self, inner: &mut Inner<P>) -> bool {
         let now = Instant::now();
-        let Some((id, since)) = inner
-            .clients
-            .iter()
-            .filter_map(|c| c.stalled_since.map(|t| (c.id, t)))
-            .filter(|&(_, t)| now.saturating_duration_since(t) >= STALLED_EVICT)
-            .min_by_key(|&(_, t)| t)
-        else {
+        let Some((id, since)) = self.stalled_longest(inner) else {
             return false;
         };
         self.drop_client(
@@ -1671,6 +1667,17 @@ impl<P: Send + 'static> Publisher<P> {
             ),
         );
         true
+    }
+
+    /// The client stalled longest, if for [`STALLED_EVICT`] at least, and since when.
+    fn stalled_longest(&self, inner: &Inner<P>) -> Option<(u32, Instant)> {
+        let now = Instant::now();
+        inner
+            .clients
+            .iter()
+            .filter_map(|c| c.stalled_since.map(|t| (c.id, t)))
+            .filter(|&(_, t)| now.saturating_duration_since(t) >= STALLED_EVICT)
+            .min_by_key(|&(_, t)| t)
     }
 
     /// Notes whether each client keeps taking the frames delivered to it.
@@ -1728,6 +1735,24 @@ impl<P: Send + 'static> Publisher<P> {
                 return;
             }
         };
+        if inner.clients.len() >= self.config.max_clients && !self.evict_stalled(inner) {
+            let why = format!(
+                "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
+                self.config.max_clients
+            );
+            let _ = p.conn.send(
+                &Message::Error {
+                    message: why.clone(),
+                },
+                &[],
+            );
+            inner.events.push(Event::Disconnected {
+                id: 0,
+                reason: format!("refused pid {} (uid {}): {why}", p.pid, p.uid),
+            });
+            self.reap(Box::new(p));
+            return;
+        }
         let id = inner.next_client_id;
         let writable = flags & FLAG_WRITABLE_RING != 0 && self.config.allow_writable;
         if writable {
