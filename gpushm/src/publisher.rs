@@ -1565,10 +1565,7 @@ impl<P: Send + 'static> Publisher<P> {
             let why = if inner.clients.len() >= self.config.max_clients
                 && self.stalled_longest(inner).is_none()
             {
-                Some(format!(
-                    "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
-                    self.config.max_clients
-                ))
+                Some(self.max_clients_busy())
             } else {
                 if inner.pending.len() >= MAX_PENDING {
                     self.make_pending_room(inner);
@@ -1576,17 +1573,8 @@ impl<P: Send + 'static> Publisher<P> {
                 None
             };
             if let Some(why) = why {
-                let _ = conn.send(
-                    &Message::Error {
-                        message: why.clone(),
-                    },
-                    &[],
-                );
-                self.reap(Box::new(conn));
-                inner.events.push(Event::Disconnected {
-                    id: 0,
-                    reason: format!("refused pid {pid} (uid {uid}): {why}"),
-                });
+                let log = format!("refused pid {pid} (uid {uid}): {why}");
+                self.turn_away(inner, conn, &why, log);
                 continue;
             }
             inner.pending.push(Pending {
@@ -1596,6 +1584,29 @@ impl<P: Send + 'static> Publisher<P> {
                 uid,
             });
         }
+    }
+
+    /// Tells a connection that never became a client why it is turned away (`why`, its
+    /// Error message), logs `log`, and closes it on the reaper thread.
+    fn turn_away(&self, inner: &mut Inner<P>, conn: Conn, why: &str, log: String) {
+        let _ = conn.send(
+            &Message::Error {
+                message: why.to_string(),
+            },
+            &[],
+        );
+        inner
+            .events
+            .push(Event::Disconnected { id: 0, reason: log });
+        self.reap(Box::new(conn));
+    }
+
+    /// What a consumer refused at max-clients is told: busy, try again.
+    fn max_clients_busy(&self) -> String {
+        format!(
+            "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
+            self.config.max_clients
+        )
     }
 
     /// Pending connections are all taken: lets in those whose Hello arrived, then drops the
@@ -1634,20 +1645,11 @@ impl<P: Send + 'static> Publisher<P> {
             "{BUSY_PREFIX}{MAX_PENDING} connections are in their handshake and this one said nothing for {:?}; try again",
             p.since.elapsed()
         );
-        let _ = p.conn.send(
-            &Message::Error {
-                message: why.clone(),
-            },
-            &[],
+        let log = format!(
+            "dropped the silent connection of pid {} (uid {}): {why}",
+            p.pid, p.uid
         );
-        inner.events.push(Event::Disconnected {
-            id: 0,
-            reason: format!(
-                "dropped the silent connection of pid {} (uid {}): {why}",
-                p.pid, p.uid
-            ),
-        });
-        self.reap(Box::new(p.conn));
+        self.turn_away(inner, p.conn, &why, log);
     }
 
     /// At max-clients: cuts the client stalled longest (frames waiting, none taken for at
@@ -1721,36 +1723,14 @@ impl<P: Send + 'static> Publisher<P> {
         let (flags, name) = match hello {
             Ok(h) => h,
             Err(why) => {
-                let _ = p.conn.send(
-                    &Message::Error {
-                        message: why.clone(),
-                    },
-                    &[],
-                );
-                inner.events.push(Event::Disconnected {
-                    id: 0,
-                    reason: format!("handshake failed: {why}"),
-                });
-                self.reap(Box::new(p));
+                self.turn_away(inner, p.conn, &why, format!("handshake failed: {why}"));
                 return;
             }
         };
         if inner.clients.len() >= self.config.max_clients && !self.evict_stalled(inner) {
-            let why = format!(
-                "{BUSY_PREFIX}the producer already serves its maximum of {} consumers (max-clients), none of them stalled",
-                self.config.max_clients
-            );
-            let _ = p.conn.send(
-                &Message::Error {
-                    message: why.clone(),
-                },
-                &[],
-            );
-            inner.events.push(Event::Disconnected {
-                id: 0,
-                reason: format!("refused pid {} (uid {}): {why}", p.pid, p.uid),
-            });
-            self.reap(Box::new(p));
+            let why = self.max_clients_busy();
+            let log = format!("refused pid {} (uid {}): {why}", p.pid, p.uid);
+            self.turn_away(inner, p.conn, &why, log);
             return;
         }
         let id = inner.next_client_id;
