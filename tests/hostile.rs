@@ -7,6 +7,9 @@
 
 mod common;
 use common::*;
+#[path = "common/fake_producer.rs"]
+mod fake_producer;
+use fake_producer::*;
 
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
@@ -15,11 +18,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gst::glib::translate::IntoGlib;
 use gst::prelude::*;
 use gstgpushm::ring::layout::MAX_PLANES;
-use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing, TimeCode};
-use gstgpushm::ring::shm;
+use gstgpushm::ring::producer::{Entry, FrameMeta, TimeCode};
 use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 
 /// Real-time victims: one attack at a time.
@@ -235,101 +236,6 @@ fn writable_rings_only_where_the_producer_allows_them() {
     let b = raw_connect(&sock, 0);
     assert_eq!(b.ring.as_ref().unwrap().1 & RING_WRITABLE, 0);
     p.set_state(gst::State::Null).unwrap();
-}
-
-/// A producer assembled from the ring's own parts, writing whatever the test wants.
-struct FakeProducer {
-    listener: UnixListener,
-    ring: ProducerRing,
-}
-
-struct FakeClient {
-    _conn: Conn,
-    ch: ClientChannel,
-    ready: shm::Doorbell,
-    _release: shm::Doorbell,
-}
-
-const GRAY_CAPS: &str =
-    "video/x-raw, format=(string)GRAY8, width=(int)64, height=(int)48, framerate=(fraction)30/1";
-
-impl FakeProducer {
-    fn new(sock: &Path) -> Self {
-        Self {
-            listener: UnixListener::bind(sock).unwrap(),
-            ring: ProducerRing::create(1, 16, 64 * 48, false).unwrap(),
-        }
-    }
-
-    fn accept(&self) -> FakeClient {
-        let (s, _) = self.listener.accept().unwrap();
-        s.set_nonblocking(true).unwrap();
-        let mut conn = Conn::new(s);
-        let _hello = conn.recv_timeout(Duration::from_secs(10), None).unwrap();
-        let ch = ClientChannel::create(128).unwrap();
-        let (ready, ready_theirs) = shm::Doorbell::pair().unwrap();
-        let (release, release_theirs) = shm::Doorbell::pair().unwrap();
-        conn.send(
-            &Message::Welcome {
-                client_id: 1,
-                queue_capacity: 128,
-            },
-            &[ch.fd(), ready_theirs.as_fd(), release_theirs.as_fd()],
-        )
-        .unwrap();
-        let g = self.ring.geometry();
-        conn.send(
-            &Message::Ring {
-                ring_gen: 1,
-                flags: 0,
-                slot_count: g.slot_count,
-                slot_size: g.slot_size,
-                total_size: g.total_size,
-            },
-            &[self.ring.read_only_fd().unwrap().as_fd()],
-        )
-        .unwrap();
-        conn.send(
-            &Message::Caps {
-                caps_gen: 1,
-                caps: GRAY_CAPS.into(),
-            },
-            &[],
-        )
-        .unwrap();
-        FakeClient {
-            _conn: conn,
-            ch,
-            ready,
-            _release: release,
-        }
-    }
-
-    /// Frame `n` in slot `n`, every byte `n`, with `meta` as given (geometry filled in).
-    fn send(&self, c: &mut FakeClient, n: u64, mut meta: FrameMeta) {
-        let slot = n as u32;
-        // SAFETY: the slot is ours (never delivered before) and 64*48 bytes long.
-        unsafe { std::ptr::write_bytes(self.ring.slot_ptr(slot), n as u8, 64 * 48) };
-        meta.payload_size = 64 * 48;
-        meta.caps_gen = 1;
-        meta.video_format = gst_video::VideoFormat::Gray8.into_glib() as u32;
-        meta.width = 64;
-        meta.height = 48;
-        meta.offset = n;
-        meta.offset_end = n + 1;
-        if meta.n_planes == 0 {
-            meta.n_planes = 1;
-            meta.plane_stride[0] = 64;
-        }
-        self.ring.publish(slot, n + 1, &meta);
-        c.ch.deliver(Entry {
-            seq: n + 1,
-            ring_gen: 1,
-            slot,
-        })
-        .unwrap();
-        c.ready.ring();
-    }
 }
 
 fn checker(sock: &Path, extra: &[&str]) -> Proc {
@@ -932,19 +838,6 @@ fn clients_that_close_cannot_stall_or_crowd_the_producer() {
     drop(hoarders);
 }
 
-/// What a hostile peer does to a wake-up descriptor it was handed: clears O_NONBLOCK (the
-/// flag lives in the open file description, shared with whoever sent it) and, with `fill`
-/// where it is an eventfd, fills its counter so that the next write(2) of the other side
-/// blocks (without, the next read(2) of an empty one blocks).
-fn make_blocking(fd: std::os::fd::BorrowedFd<'_>, fill: bool) {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    fcntl(fd, FcntlArg::F_SETFL(OFlag::empty())).unwrap();
-    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
-    if fill && link.to_string_lossy().contains("eventfd") {
-        nix::unistd::write(fd, &0xffff_ffff_ffff_fffeu64.to_ne_bytes()).unwrap();
-    }
-}
-
 /// Issue 27, item 1: a consumer that makes its wake-up descriptors blocking and full, and
 /// asks to be woken after every frame, cannot make the producer block: the victim keeps its
 /// full rate (the producer used to block in write(2) with its lock held, for good).
@@ -1004,8 +897,9 @@ fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
         }
     });
     let mut c = fake.accept();
-    make_blocking(c.ready.as_fd(), false);
-    make_blocking(c._release.as_fd(), true);
+    // The consumer's own ends: an empty one to wait on, a full one to ring.
+    make_blocking(c.ready_theirs.as_fd(), false);
+    make_blocking(c.release_theirs.as_fd(), true);
     c.ch.set_producer_waits(true);
     fake.send(&mut c, 0, FrameMeta::default());
     let mut said = Vec::new();
@@ -1409,4 +1303,87 @@ fn more_consumers_than_slots_that_keep_their_last_frame_are_not_cut() {
         );
     }
     p.kill9();
+}
+
+/// CPU time (user + system) process `pid` spent so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap_or(100) as u64;
+    Duration::from_micros(ticks * 1_000_000 / hz)
+}
+
+/// Issue 27, item 6: clients that connect, say Hello and hang up, from two threads as fast as
+/// they can, cost the producer a bounded share of a core (new connections are accepted at
+/// `ACCEPT_RATE` at most), its consumer keeps every frame at full rate, and a consumer that
+/// starts during the flood gets in within 1 s. Before, such a flood kept the producer's
+/// connection thread, and the lock frames are published under, busy: its consumer got one
+/// frame in 4 s, at a whole core.
+#[test]
+fn a_connection_flood_costs_the_producer_a_bounded_share_and_its_consumers_nothing() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("reconnect-flood.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let made = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let (stop, made, sock) = (stop.clone(), made.clone(), sock.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(s) = UnixStream::connect(&sock) {
+                        let _ = Conn::new(s).send(
+                            &Message::Hello {
+                                flags: 0,
+                                pid: 1,
+                                name: "reconnect-flood".into(),
+                            },
+                            &[],
+                        );
+                        made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (from, cpu0) = (now(), cpu_time(p.child.id()));
+    std::thread::sleep(Duration::from_millis(1500));
+    let late = connect_and_take(&sock);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (to, cpu1) = (now(), cpu_time(p.child.id()));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for f in flooders {
+        f.join().unwrap();
+    }
+    let share = (cpu1 - cpu0).as_secs_f64() / ((to - from) as f64 / 1e9);
+    let n = made.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "{n} connections; producer at {:.0} % of a core",
+        share * 100.0
+    );
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+    let took = late.expect("a consumer starting during the flood");
+    assert!(
+        took < Duration::from_secs(1),
+        "a consumer took {took:?} to connect during the flood"
+    );
+    assert!(
+        share < 0.4,
+        "the flood took {:.0} % of a core of the producer",
+        share * 100.0
+    );
 }

@@ -44,6 +44,51 @@ pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// New connections accepted per second at most, sustained: a flood of connections (a client
+/// reconnecting in a loop, or one attacking) costs the producer a bounded share of a core and
+/// cannot keep the connection thread, and the lock frames are published under, busy. Beyond
+/// the rate, connections wait in the listen backlog.
+pub const ACCEPT_RATE: u32 = 2000;
+/// Connections accepted at once before [`ACCEPT_RATE`] applies (consumers started together).
+pub const ACCEPT_BURST: u32 = 256;
+/// Connections waiting to be accepted at most (the listen backlog).
+const LISTEN_BACKLOG: i32 = 512;
+/// Connections accepted in one round of the connection thread at most.
+const ACCEPT_BATCH: u32 = 64;
+
+/// A token bucket for [`ACCEPT_RATE`] / [`ACCEPT_BURST`].
+struct Admission {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Admission {
+    fn new() -> Self {
+        Self {
+            tokens: ACCEPT_BURST as f64,
+            at: Instant::now(),
+        }
+    }
+
+    /// Connections that may be accepted now.
+    fn available(&mut self, now: Instant) -> u32 {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + dt * ACCEPT_RATE as f64).min(ACCEPT_BURST as f64);
+        self.at = now;
+        self.tokens as u32
+    }
+
+    fn take(&mut self) {
+        self.tokens = (self.tokens - 1.0).max(0.0);
+    }
+
+    /// When the next connection may be accepted (now if one may).
+    fn next_at(&self) -> Instant {
+        let missing = (1.0 - self.tokens).max(0.0);
+        self.at + Duration::from_secs_f64(missing / ACCEPT_RATE as f64)
+    }
+}
+
 /// What [`Publisher::publish_frame`] did with a frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Published {
@@ -239,6 +284,8 @@ struct Inner<P> {
     /// Threads waiting for slots to come back: while there are any, clients write their
     /// slot-released eventfd after each release (see [`Publisher::want_releases`]).
     release_waiters: usize,
+    /// How many new connections may be accepted (connection thread only).
+    admission: Admission,
 }
 
 /// How a server is set up, fixed at start.
@@ -396,6 +443,14 @@ fn bind(path: &Path, perms: u32) -> Result<UnixListener> {
     })?;
     let created = (|| -> nix::Result<()> {
         use nix::sys::stat::{fchmodat, FchmodatFlags, Mode};
+        // A shorter queue than the system's (often 4096): connections beyond ACCEPT_RATE
+        // wait there, and a consumer that connects during a flood waits behind at most
+        // this many (a quarter of a second).
+        nix::sys::socket::listen(
+            &listener,
+            nix::sys::socket::Backlog::new(LISTEN_BACKLOG)
+                .unwrap_or(nix::sys::socket::Backlog::MAXCONN),
+        )?;
         // Inside a directory only we can change: `s` is the socket just bound.
         fchmodat(
             &private.fd,
@@ -496,6 +551,7 @@ impl<P: Send + 'static> Publisher<P> {
                 events: Vec::new(),
                 closing: Vec::new(),
                 starved_since: None,
+                admission: Admission::new(),
                 release_waiters: 0,
             }),
             config,
@@ -1307,10 +1363,15 @@ impl<P: Send + 'static> Publisher<P> {
             if !closing.is_empty() {
                 self.reap(Box::new(closing));
             }
-            let mut raw = vec![
-                (self.wake.as_raw_fd(), Kind::Wake),
-                (self.listener.as_raw_fd(), Kind::Listen),
-            ];
+            let mut raw = vec![(self.wake.as_raw_fd(), Kind::Wake)];
+            // The listener is polled while a connection may be accepted, otherwise the poll
+            // ends when one may.
+            let admit_at = if inner.admission.available(Instant::now()) > 0 {
+                raw.push((self.listener.as_raw_fd(), Kind::Listen));
+                None
+            } else {
+                Some(inner.admission.next_at())
+            };
             for c in &inner.clients {
                 raw.push((c.conn.raw_fd(), Kind::Socket(c.id)));
                 raw.push((c.release.as_raw_fd(), Kind::Release(c.id)));
@@ -1324,6 +1385,7 @@ impl<P: Send + 'static> Publisher<P> {
                     .pending
                     .iter()
                     .map(|p| p.since + HANDSHAKE_TIMEOUT)
+                    .chain(admit_at)
                     .min(),
                 !inner.clients.is_empty(),
             )
@@ -1518,8 +1580,10 @@ impl<P: Send + 'static> Publisher<P> {
         );
     }
 
+    /// Accepts what [`ACCEPT_RATE`] allows now, [`ACCEPT_BATCH`] at most.
     fn accept_all(&self, inner: &mut Inner<P>) {
-        loop {
+        let allowed = inner.admission.available(Instant::now()).min(ACCEPT_BATCH);
+        for _ in 0..allowed {
             let stream = match self.listener.accept() {
                 Ok((stream, _)) => stream,
                 Err(e)
@@ -1552,6 +1616,7 @@ impl<P: Send + 'static> Publisher<P> {
                 }
                 Err(_) => return,
             };
+            inner.admission.take();
             let (pid, uid) = match getsockopt(&stream, PeerCredentials) {
                 Ok(c) => (c.pid(), c.uid()),
                 Err(_) => (-1, u32::MAX),

@@ -26,6 +26,16 @@ def plugin_dir():
     pytest.fail("libgstgpushm.so not found: run `cargo build` first (make test does)")
 
 
+def example(name: str) -> str:
+    """A test tool built as a cargo example (tests/helpers/NAME.rs): in the cargo target
+    folder, or in the bundle packed for the GPU machine (.device/examples)."""
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    for d in (target / "debug" / "examples", target / "release" / "examples", REPO / ".device" / "examples"):
+        if (d / name).exists():
+            return str(d / name)
+    pytest.fail(f"{name} not found: run `cargo build --release --examples` first (make test does)")
+
+
 def gst_env() -> dict:
     env = dict(os.environ)
     d = plugin_dir()

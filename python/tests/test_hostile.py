@@ -77,3 +77,75 @@ def test_a_consumer_cannot_block_the_python_publisher_through_its_wake_up_descri
         for fd in (memfd, ready, release):
             os.close(fd)
         s.close()
+
+
+# The attacked subscriber runs in its own interpreter: if it blocks (with the GIL held, as
+# dropping a frame once could), the test fails on its timeout instead of hanging pytest.
+ATTACKED_SUBSCRIBER = r"""
+import sys, time
+import numpy
+import gpushm
+
+sub = gpushm.Subscriber(sys.argv[1])
+got = 0
+deadline = time.monotonic() + 20
+while got < 10 and time.monotonic() < deadline:
+    try:
+        f = sub.next_frame(timeout=1.0)
+    except gpushm.Timeout:
+        continue
+    assert (f.numpy() == got).all(), (got, f.numpy().ravel()[0])
+    got += 1
+    # The producer asked to be woken by each release: a send on a full, blocking descriptor.
+    f.release()
+print("frames", got, flush=True)
+# Nothing is published any more: the wait ends on its timeout.
+t = time.monotonic()
+try:
+    sub.next_frame(timeout=0.3)
+    print("a frame?", flush=True)
+except gpushm.Timeout:
+    print("timed out after", round(time.monotonic() - t, 2), flush=True)
+sub.close()
+"""
+
+
+def test_a_producer_cannot_block_the_python_subscriber_through_its_wake_up_descriptors(sock):
+    """A fake producer (tests/helpers/fake_producer.rs) that makes the wake-up descriptors it
+    sent blocking, fills the one the subscriber rings, asks to be woken after every release
+    and never reads cannot block Subscriber.next_frame() or a frame's release: the subscriber
+    gets the 10 frames in order, and a wait with nothing published ends on its timeout."""
+    import subprocess
+    import sys
+
+    from conftest import example
+
+    fake = subprocess.Popen(
+        [example("fake_producer"), "--socket", sock, "--frames", "10"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not os.path.exists(sock):
+            assert time.monotonic() < deadline and fake.poll() is None, fake.stderr.read()
+            time.sleep(0.01)
+        child = subprocess.Popen(
+            [sys.executable, "-c", ATTACKED_SUBSCRIBER, sock],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            out, err = child.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+            raise AssertionError(f"the subscriber blocked; it said {out!r} {err!r}")
+        assert child.returncode == 0, err
+        assert "frames 10" in out, (out, err)
+        assert "timed out after" in out, (out, err)
+    finally:
+        fake.kill()
+        fake.wait()
