@@ -1676,3 +1676,41 @@ fn only_the_plain_monotonic_system_clock_is_taken_for_clock_monotonic() {
     calibrated.set_calibration(gst::ClockTime::ZERO, gst::ClockTime::from_seconds(5), 1, 1);
     assert!(!gstgpushm::clock::is_monotonic(calibrated.upcast_ref()));
 }
+
+/// A caps query never offers what the sink then refuses: with a filter it answers the filter
+/// less its device-memory structures (so that cudadownload, gldownload or nvvidconv before it
+/// pick system memory without a capsfilter), without one ANY; accept-caps agrees.
+#[test]
+fn the_sink_answers_caps_queries_with_system_memory_only() {
+    init();
+    let dir = tmpdir();
+    let sink = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", dir.path().join("q.sock").to_str().unwrap())
+        .build()
+        .unwrap();
+    let pad = sink.static_pad("sink").unwrap();
+    let filter: gst::Caps = "video/x-raw(memory:CUDAMemory), format=NV12, width=64, height=48; \
+         video/x-raw, format=NV12, width=64, height=48; \
+         video/x-raw(memory:GLMemory, meta:GstVideoOverlayComposition), format=RGBA; \
+         video/x-raw(memory:SystemMemory, meta:GstVideoOverlayComposition), format=RGBA; \
+         video/x-raw(ANY), format=GRAY8; audio/x-raw, rate=48000"
+        .parse()
+        .unwrap();
+    let expected: gst::Caps = "video/x-raw, format=NV12, width=64, height=48; \
+         video/x-raw(memory:SystemMemory, meta:GstVideoOverlayComposition), format=RGBA; \
+         video/x-raw, format=GRAY8; audio/x-raw, rate=48000"
+        .parse()
+        .unwrap();
+    let got = pad.query_caps(Some(&filter));
+    assert!(got.is_strictly_equal(&expected), "{got}");
+    assert!(pad.query_caps(None).is_any());
+    let cuda: gst::Caps =
+        "video/x-raw(memory:CUDAMemory), format=NV12, width=64, height=48, framerate=30/1"
+            .parse()
+            .unwrap();
+    let system: gst::Caps = "video/x-raw, format=NV12, width=64, height=48, framerate=30/1"
+        .parse()
+        .unwrap();
+    assert!(!pad.query_accept_caps(&cuda));
+    assert!(pad.query_accept_caps(&system));
+}

@@ -543,3 +543,77 @@ fn gpu_writable_ring_fallback_reads_in_place() {
         }
     }
 }
+
+/// The line a user writes first, `cudaupload ! cudadownload ! gpushmsink` with no capsfilter,
+/// works: cudadownload sees that the sink takes system memory only and downloads (it used to
+/// pass CUDA memory through, which the sink then refused). Frames arrive intact at a consumer.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter() {
+    use gst_video::prelude::*;
+    gpu("cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter");
+    for e in ["cudaupload", "cudadownload"] {
+        assert!(
+            gst::ElementFactory::find(e).is_some(),
+            "{e} is missing: carry Debian's libgstnvcodec.so (scripts/device-pack.sh does)"
+        );
+    }
+    let dir = tmpdir();
+    let sock = dir.path().join("dl.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+         ! cudaupload ! cudadownload ! gpushmsink socket-path={} wait-for-connection=true",
+        sock.display()
+    ))
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let (frames, _) = run(&format!(
+        "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
+        sock.display()
+    ));
+    let bus = producer.bus().unwrap();
+    let end = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(20),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    producer.set_state(gst::State::Null).unwrap();
+    match end.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Eos(_)) => {}
+        Some(gst::MessageView::Error(e)) => panic!("producer: {} {:?}", e.error(), e.debug()),
+        _ => panic!("the producer did not finish"),
+    }
+    assert_eq!(frames.len(), 30);
+    // The same frames rendered straight into system memory.
+    let (reference, _) = run(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+         ! appsink name=out sync=false max-buffers=0",
+    );
+    for (i, ((a, caps), (b, _))) in frames.iter().zip(reference.iter()).enumerate() {
+        assert!(
+            caps.features(0)
+                .is_none_or(|f| !f.contains("memory:CUDAMemory")),
+            "{caps}"
+        );
+        let info = gst_video::VideoInfo::from_caps(caps).unwrap();
+        let fa = gst_video::VideoFrameRef::from_buffer_ref_readable(a.as_ref(), &info).unwrap();
+        let fb = gst_video::VideoFrameRef::from_buffer_ref_readable(b.as_ref(), &info).unwrap();
+        // NV12: both planes hold `width` bytes per row.
+        let w = info.width() as usize;
+        for p in 0..info.n_planes() {
+            let h = info.comp_height(p as u8) as usize;
+            let (da, db) = (fa.plane_data(p).unwrap(), fb.plane_data(p).unwrap());
+            let (sa, sb) = (
+                fa.plane_stride()[p as usize] as usize,
+                fb.plane_stride()[p as usize] as usize,
+            );
+            for y in 0..h {
+                assert_eq!(
+                    &da[y * sa..y * sa + w],
+                    &db[y * sb..y * sb + w],
+                    "frame {i}, plane {p}, row {y}"
+                );
+            }
+        }
+    }
+}

@@ -560,11 +560,8 @@ fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, Stri
     let (Some(st), Some(features)) = (caps.structure(0), caps.features(0)) else {
         return Err(format!("Caps {caps} describe no stream"));
     };
-    if !features.is_any() {
-        if let Some(f) = features.iter().find(|f| {
-            f.starts_with("memory:")
-                && f.as_str() != gst::CAPS_FEATURE_MEMORY_SYSTEM_MEMORY.as_str()
-        }) {
+    if !system_memory(features) {
+        if let Some(f) = features.iter().find(|f| f.starts_with("memory:")) {
             return Err(format!(
                 "gpushmsink shares buffers in system memory; caps with {f} are device memory: convert or download first (nvvidconv on Jetson, cudadownload, gldownload)"
             ));
@@ -583,6 +580,42 @@ fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, Stri
         // Raw video GstVideo does not know: its bytes travel as they are.
         Err(_) => Ok(None),
     }
+}
+
+/// Whether caps `features` are memory gpushmsink takes: system memory (no memory feature,
+/// or memory:SystemMemory), whatever else they name (meta features).
+fn system_memory(features: &gst::CapsFeaturesRef) -> bool {
+    features.is_any()
+        || !features.iter().any(|f| {
+            f.starts_with("memory:")
+                && f.as_str() != gst::CAPS_FEATURE_MEMORY_SYSTEM_MEMORY.as_str()
+        })
+}
+
+/// What gpushmsink answers a caps query with `filter`: any media type, in system memory only.
+/// Caps cannot say "anything but device memory" on their own, so the answer is the filter
+/// without its device-memory structures (`ANY` features become system memory): an element
+/// before the sink that can give either (cudadownload, gldownload, nvvidconv) then picks
+/// system memory without a capsfilter, and no query offers what `set_caps` would refuse.
+fn acceptable_caps(filter: Option<&gst::Caps>) -> gst::Caps {
+    let Some(filter) = filter else {
+        return gst::Caps::new_any();
+    };
+    if filter.is_any() {
+        return filter.clone();
+    }
+    let mut out = gst::Caps::new_empty();
+    {
+        let out = out.get_mut().expect("new caps");
+        for (st, features) in filter.iter_with_features() {
+            if features.is_any() {
+                out.append_structure_full(st.to_owned(), None);
+            } else if system_memory(features) {
+                out.append_structure_full(st.to_owned(), Some(features.to_owned()));
+            }
+        }
+    }
+    out
 }
 
 /// The metas gpushmsink carries: the VideoMeta and the timecode, in one pass over the
@@ -833,6 +866,22 @@ impl ElementImpl for GpuShmSink {
 }
 
 impl BaseSinkImpl for GpuShmSink {
+    fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
+        Some(acceptable_caps(filter))
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        // GstBaseSink checks accept-caps against its unfiltered caps (ANY here): device
+        // memory is refused here as in set_caps.
+        if let gst::QueryViewMut::AcceptCaps(q) = query.view_mut() {
+            if !q.caps().iter_with_features().all(|(_, f)| system_memory(f)) {
+                q.set_result(false);
+                return true;
+            }
+        }
+        BaseSinkImplExt::parent_query(self, query)
+    }
+
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let s = self.settings().clone();
         let Some(path) = s.socket_path else {
