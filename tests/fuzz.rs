@@ -36,6 +36,7 @@ const CORPUS: &[(&str, &[u8])] = corpus_files!(
     "bad-zeros",
     "ok-caps",
     "ok-close",
+    "ok-device-memory",
     "ok-eos",
     "ok-error",
     "ok-hello",
@@ -164,6 +165,7 @@ fn generate_corpus() -> Vec<(String, Vec<u8>)> {
         ("ok-eos", Message::Eos),
         ("ok-close", Message::Close),
         ("ok-error", Message::Error { message: "protocol version 9 is not supported".into() }),
+        ("ok-device-memory", Message::DeviceMemory { ring_gen: 2, gpu_uuid: [0xab; 16], size: 99614720 }),
     ];
     let mut files: Vec<(String, Vec<u8>)> = valid
         .iter()

@@ -51,7 +51,8 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::producer::{Entry, FrameMeta};
 use super::wire::{
-    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE,
+    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_DEVICE_MEMORY, FLAG_LOSSLESS, FLAG_WRITABLE_RING,
+    RING_DEVICE, RING_WRITABLE,
 };
 use super::{shm, Error, Result};
 
@@ -262,6 +263,11 @@ pub struct ConnectOptions {
     /// SO_PEERCRED, so that a process of another user that binds the path (after the
     /// producer stopped, in a shared directory) cannot feed us frames.
     pub producer_uid: Option<u32>,
+    /// Frames may be in GPU memory (a producer's device ring): this consumer maps it
+    /// read-only and reads frames through [`Frame::device_ptr`] (or copies them with
+    /// [`Frame::to_vec`]). Needs the `cuda` feature. Without it, a producer with a device
+    /// ring turns this consumer away, saying why.
+    pub device_memory: bool,
 }
 
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
@@ -336,6 +342,9 @@ pub(crate) struct Connection {
     eos: bool,
     gone: Option<Error>,
     writable: bool,
+    device_memory: bool,
+    /// A device ring announced by Ring, waiting for its DeviceMemory.
+    device_pending: Option<ConsumerRing>,
     /// poll() saw the socket readable (or hung up) since it was last read.
     socket_ready: bool,
     /// The caller polls the frame-ready eventfd itself ([`Self::ready_fd`]): the producer
@@ -458,6 +467,10 @@ impl Connection {
                     FLAG_WRITABLE_RING
                 } else {
                     0
+                } | if opts.device_memory {
+                    FLAG_DEVICE_MEMORY
+                } else {
+                    0
                 },
                 pid: std::process::id(),
                 name: opts.name.clone(),
@@ -512,6 +525,8 @@ impl Connection {
             eos: false,
             gone: None,
             writable: opts.writable_ring,
+            device_memory: opts.device_memory,
+            device_pending: None,
             socket_ready: true,
             always_wake: AtomicBool::new(false),
         };
@@ -609,6 +624,11 @@ impl Connection {
                             "the producer sent a writable ring nobody asked for",
                         ));
                     }
+                    if flags & RING_DEVICE != 0 && !self.device_memory {
+                        return Err(Error::protocol(
+                            "the producer sent a ring in GPU memory nobody asked for",
+                        ));
+                    }
                     let ring = ConsumerRing::open(
                         fd,
                         flags & RING_WRITABLE != 0,
@@ -617,11 +637,38 @@ impl Connection {
                         slot_size,
                         total_size,
                     )?;
-                    self.rings.push_back(Arc::new(ring));
-                    // Keep the previous ring: frames queued before the switch still use it.
-                    while self.rings.len() > 2 {
-                        self.rings.pop_front();
+                    if flags & RING_DEVICE != 0 {
+                        // Usable once its GPU memory is mapped.
+                        self.device_pending = Some(ring);
+                    } else {
+                        self.push_ring(ring);
                     }
+                }
+                Message::DeviceMemory {
+                    ring_gen,
+                    gpu_uuid,
+                    size,
+                } => {
+                    let fd = fds.pop().ok_or_else(|| {
+                        Error::protocol("DeviceMemory arrived without its descriptor")
+                    })?;
+                    let ring = self
+                        .device_pending
+                        .take()
+                        .filter(|r| r.ring_gen() == ring_gen)
+                        .ok_or_else(|| {
+                            Error::protocol(format!(
+                                "GPU memory for ring {ring_gen}, which is not a device ring announced just before"
+                            ))
+                        })?;
+                    let (_, len) = ring.mapping();
+                    if size < len as u64 {
+                        return Err(Error::protocol(format!(
+                            "the GPU memory of ring {ring_gen} is {size} bytes, smaller than the ring ({len})"
+                        )));
+                    }
+                    map_device_ring(&ring, fd, &gpu_uuid)?;
+                    self.push_ring(ring);
                 }
                 Message::Caps { caps_gen, caps } => {
                     self.caps.push_back((caps_gen, caps.into()));
@@ -648,6 +695,14 @@ impl Connection {
                     )))
                 }
             }
+        }
+    }
+
+    fn push_ring(&mut self, ring: ConsumerRing) {
+        self.rings.push_back(Arc::new(ring));
+        // Keep the previous ring: frames queued before the switch still use it.
+        while self.rings.len() > 2 {
+            self.rings.pop_front();
         }
     }
 
@@ -823,7 +878,51 @@ fn connect_error(path: &Path, e: &std::io::Error) -> Error {
     }
 }
 
+/// Maps the GPU memory `fd` of a device ring (on the GPU named `gpu_uuid`), read-only, as
+/// the ring's attachment.
+#[cfg(feature = "cuda")]
+fn map_device_ring(ring: &ConsumerRing, fd: std::os::fd::OwnedFd, gpu_uuid: &[u8; 16]) -> Result<()> {
+    use crate::cuda::vmm::{device_by_uuid, DeviceMemory};
+    let (base, len) = ring.mapping();
+    let mut mem = device_by_uuid(gpu_uuid)
+        .and_then(|dev| DeviceMemory::import(&dev, fd.as_fd(), len))
+        .map_err(|e| Error::Invalid(format!("cannot map the producer's GPU memory: {e}")))?;
+    mem.mirror(base, len);
+    if !ring.attach(Box::new(mem)) {
+        return Err(Error::Invalid("the ring already has a GPU mapping".into()));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn map_device_ring(_: &ConsumerRing, _: std::os::fd::OwnedFd, _: &[u8; 16]) -> Result<()> {
+    Err(Error::Invalid(
+        "the producer's frames are in GPU memory and gpushm was built without its cuda feature"
+            .into(),
+    ))
+}
+
 impl Frame {
+    /// Whether the frame's bytes are in GPU memory (a device ring): read them through
+    /// [`Self::device_ptr`], or copy them with [`Self::to_vec`]; [`Self::as_ptr`] does not
+    /// point at them.
+    pub fn is_on_device(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            crate::cuda::vmm::of(self.lease.ring().attachment()).is_some()
+        }
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// Where the frame's bytes are for a GPU, and on which device (its ordinal in this
+    /// process): in a device ring, or in a host ring registered with CUDA (see
+    /// [`crate::cuda::register`]). Valid, and unchanged, while this frame lives.
+    #[cfg(feature = "cuda")]
+    pub fn device_ptr(&self) -> Option<(u64, i32)> {
+        crate::cuda::register::device_ptr_in(self.lease.ring().attachment(), self.ptr)
+    }
+
     /// The frame's layout as its producer published it, checked against its slot (see
     /// [`crate::format::FrameGeometry::of_frame`]): any raw video format; an error for other
     /// streams and layouts that cannot be viewed plane by plane ([`Self::to_vec`] and
@@ -832,9 +931,22 @@ impl Frame {
         crate::format::FrameGeometry::of_frame(&self.meta, &self.caps)
     }
 
-    /// The frame's bytes (`meta.payload_size`), copied out of the ring.
+    /// The frame's bytes (`meta.payload_size`), copied out of the ring (out of GPU memory
+    /// for a frame [`Self::is_on_device`]: empty if that copy fails, which only a GPU fault
+    /// can make it do).
     pub fn to_vec(&self) -> Vec<u8> {
         let n = self.meta.payload_size as usize;
+        #[cfg(feature = "cuda")]
+        if let Some(mem) = crate::cuda::vmm::of(self.lease.ring().attachment()) {
+            let mut v = vec![0u8; n];
+            return match mem
+                .device_ptr_of(self.ptr)
+                .map(|d| mem.copy_to_host(d, &mut v))
+            {
+                Some(Ok(())) => v,
+                _ => Vec::new(),
+            };
+        }
         let mut v = Vec::with_capacity(n);
         // SAFETY: the lease keeps `n` bytes at `ptr` mapped (checked against the slot by
         // read_frame); a raw copy forms no reference to shared memory.
@@ -846,7 +958,9 @@ impl Frame {
     }
 
     /// Where the frame's bytes are, and how many: for handing to a GPU or an array library
-    /// without a copy. They stay valid and unchanged while this frame (its lease) lives.
+    /// without a copy. They stay valid and unchanged while this frame (its lease) lives. For a
+    /// frame [`Self::is_on_device`] this is its place in the ring's host memory, which holds
+    /// no pixels: use [`Self::device_ptr`].
     pub fn as_ptr(&self) -> (*const u8, usize) {
         (self.ptr, self.meta.payload_size as usize)
     }
@@ -890,6 +1004,7 @@ impl Default for ConnectOptions {
             timeout: Duration::from_secs(5),
             retry: Duration::from_millis(100),
             producer_uid: None,
+            device_memory: false,
         }
     }
 }

@@ -15,6 +15,8 @@
 //!
 //! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod client;
 pub mod consumer;
 pub mod format;

@@ -19,6 +19,18 @@ use super::{shm, Error, Result};
 pub use crate::frame::{Entry, FrameMeta, TimeCode};
 pub(crate) use crate::layout::Base;
 
+/// The GPU memory that holds a device ring's pixels, as consumers are sent it (see
+/// [`crate::cuda::vmm`]; made there, kept here so that the transport needs no CUDA).
+#[derive(Debug)]
+pub struct DeviceShare {
+    /// The GPU, named the same way in every process.
+    pub gpu_uuid: [u8; 16],
+    /// Bytes of the allocation (at least the ring's total size: it mirrors the memfd).
+    pub size: u64,
+    /// The allocation's shareable descriptor, duplicated for each consumer by SCM_RIGHTS.
+    pub fd: OwnedFd,
+}
+
 /// The producer's ring: one sealed memfd, mapped once, read-write.
 pub struct ProducerRing {
     /// Something that must live exactly as long as the mapping and go before it (a GPU
@@ -35,6 +47,8 @@ pub struct ProducerRing {
     base: Base,
     geom: RingGeometry,
     ring_gen: u32,
+    /// Set for a device ring: its pixels are in GPU memory, the memfd's slot bytes unused.
+    device: std::sync::OnceLock<DeviceShare>,
 }
 
 impl ProducerRing {
@@ -67,6 +81,7 @@ impl ProducerRing {
             base,
             geom,
             ring_gen,
+            device: Default::default(),
         };
         let h = ring.header();
         h.magic.store(RING_MAGIC, Ordering::Relaxed);
@@ -143,6 +158,17 @@ impl ProducerRing {
 
     pub fn attachment(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
         self.attachment.get().map(|b| b.as_ref())
+    }
+
+    /// Makes this a device ring (before it is announced): its pixels are in `share`, which
+    /// every consumer is sent with the ring. False if it already was one.
+    pub fn set_device(&self, share: DeviceShare) -> bool {
+        self.device.set(share).is_ok()
+    }
+
+    /// The GPU memory holding the pixels, for a device ring.
+    pub fn device(&self) -> Option<&DeviceShare> {
+        self.device.get()
     }
 
     /// The whole mapping, for registering it with a GPU in one piece.

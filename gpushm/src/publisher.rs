@@ -25,7 +25,8 @@ use crate::client::Delivery;
 use crate::layout::CLIENT_QUEUE_CAPACITY;
 use crate::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
 use crate::wire::{
-    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE,
+    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_DEVICE_MEMORY, FLAG_LOSSLESS, FLAG_WRITABLE_RING,
+    RING_DEVICE, RING_WRITABLE,
 };
 use crate::{shm, Error, Result};
 
@@ -210,6 +211,8 @@ struct Client {
     taken_at_lag: u64,
     /// Gets a writable ring descriptor (asked for by GPUs that cannot register read-only).
     writable: bool,
+    /// It can map GPU memory: it may be served a device ring.
+    device_memory: bool,
     /// It sent Close: it takes no more frames and only keeps those it holds, never waited
     /// for, until it releases them or its socket closes.
     closed: bool,
@@ -661,15 +664,30 @@ impl<P: Send + 'static> Publisher<P> {
         caps: &str,
         requeue: Requeue<P>,
     ) -> Result<Arc<ProducerRing>> {
+        self.new_ring_with(slots, frame_size, caps, requeue, &|_| Ok(()))
+    }
+
+    /// [`Self::new_ring`], with `prepare` run on the ring before anyone hears of it (to put
+    /// its pixels in GPU memory: [`crate::cuda::vmm::place_ring`]).
+    pub fn new_ring_with(
+        self: &Arc<Self>,
+        slots: u32,
+        frame_size: u64,
+        caps: &str,
+        requeue: Requeue<P>,
+        prepare: &dyn Fn(&ProducerRing) -> Result<()>,
+    ) -> Result<Arc<ProducerRing>> {
+        // The ring is made (and prepared: GPU allocations take milliseconds) without the
+        // lock that frames are published under.
+        let gen = {
+            let mut inner = lock(&self.inner);
+            inner.next_ring_gen += 1;
+            inner.next_ring_gen - 1
+        };
+        let ring = ProducerRing::create(gen, slots, frame_size, self.config.allow_writable)?;
+        prepare(&ring)?;
+        let ring = Arc::new(ring);
         let mut inner = lock(&self.inner);
-        let gen = inner.next_ring_gen;
-        let ring = Arc::new(ProducerRing::create(
-            gen,
-            slots,
-            frame_size,
-            self.config.allow_writable,
-        )?);
-        inner.next_ring_gen += 1;
         let caps_gen = inner.caps.as_ref().map_or(1, |c| c.0 + 1);
         inner.caps = Some((caps_gen, caps.to_string()));
         inner.rings.push(RingState {
@@ -703,7 +721,22 @@ impl<P: Send + 'static> Publisher<P> {
         lock(&self.inner).caps.as_ref().map_or(0, |c| c.0)
     }
 
+    /// Why client `c` cannot be served the current ring, if it cannot.
+    fn ring_refusal(inner: &Inner<P>, device_memory: bool) -> Option<String> {
+        let d = inner.rings.last()?.ring.device()?;
+        (!device_memory).then(|| {
+            format!(
+                "this stream's frames are in GPU memory ({} bytes on GPU {}) and this consumer did not ask for GPU memory (gpushmsrc and the Python Subscriber cannot map it yet; the producer can keep its ring in host memory)",
+                d.size,
+                d.gpu_uuid.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            )
+        })
+    }
+
     fn send_ring_and_caps(inner: &Inner<P>, c: &Client) -> Result<()> {
+        if let Some(why) = Self::ring_refusal(inner, c.device_memory) {
+            return Err(Error::Refused(why));
+        }
         if let Some(r) = inner.rings.last() {
             let g = r.ring.geometry();
             let writable = c.writable && r.ring.is_writable();
@@ -715,13 +748,28 @@ impl<P: Send + 'static> Publisher<P> {
             c.conn.send(
                 &Message::Ring {
                     ring_gen: r.ring.ring_gen(),
-                    flags: if writable { RING_WRITABLE } else { 0 },
+                    flags: if writable { RING_WRITABLE } else { 0 }
+                        | if r.ring.device().is_some() {
+                            RING_DEVICE
+                        } else {
+                            0
+                        },
                     slot_count: g.slot_count,
                     slot_size: g.slot_size,
                     total_size: g.total_size,
                 },
                 &[ro.as_fd()],
             )?;
+            if let Some(d) = r.ring.device() {
+                c.conn.send(
+                    &Message::DeviceMemory {
+                        ring_gen: r.ring.ring_gen(),
+                        gpu_uuid: d.gpu_uuid,
+                        size: d.size,
+                    },
+                    &[d.fd.as_fd()],
+                )?;
+            }
         }
         if let Some((caps_gen, caps)) = &inner.caps {
             c.conn.send(
@@ -1798,6 +1846,12 @@ impl<P: Send + 'static> Publisher<P> {
             self.turn_away(inner, p.conn, &why, log);
             return;
         }
+        let device_memory = flags & FLAG_DEVICE_MEMORY != 0;
+        if let Some(why) = Self::ring_refusal(inner, device_memory) {
+            let log = format!("refused pid {} (uid {}): {why}", p.pid, p.uid);
+            self.turn_away(inner, p.conn, &why, log);
+            return;
+        }
         let id = inner.next_client_id;
         let writable = flags & FLAG_WRITABLE_RING != 0 && self.config.allow_writable;
         if writable {
@@ -1846,6 +1900,7 @@ impl<P: Send + 'static> Publisher<P> {
                 times_lagged: 0,
                 taken_at_lag: 0,
                 writable,
+                device_memory,
                 closed: false,
                 hold: HoldCredit::new(),
                 stalled_since: None,

@@ -16,13 +16,19 @@
 //!
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
-//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery), pid u32, name str | – |
+//! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery, bit 3: can map GPU memory), pid u32, name str | – |
 //! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix stream socketpair, see [`crate::shm::Doorbell`]) |
-//! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
+//! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable, bit 1: device ring), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
 //! | 6 Error   | either     | message str | – |
 //! | 7 Close   | src → sink | – | – |
+//! | 8 DeviceMemory | sink → src | ring_gen u32, gpu_uuid 16 bytes, size u64 | the GPU allocation holding the pixels of ring `ring_gen` (a CUDA virtual-memory POSIX descriptor, see [`crate::cuda::vmm`]) |
+//!
+//! A ring whose pixels are in GPU memory (a device ring) is announced by Ring (its memfd keeps
+//! headers, metadata and queues) followed at once by DeviceMemory. Only consumers that said
+//! they can map GPU memory (Hello bit 3) are served a device ring; the others are told why and
+//! let go.
 //!
 //! The handshake: the src sends Hello; the sink answers Welcome, then Ring and Caps if it has
 //! them (and Eos if the stream already ended). Ring and Caps are sent again whenever they change,
@@ -39,7 +45,8 @@
 //! Version 3 added Close (version 2 peers refuse version 3 messages with a readable error:
 //! "protocol version 3 is not supported (this side speaks 2)"). Version 4 replaced the two
 //! eventfds of Welcome with doorbell sockets: an eventfd's O_NONBLOCK flag is shared with the
-//! peer, which could clear it and make the other side block for good.
+//! peer, which could clear it and make the other side block for good. Version 5 added
+//! DeviceMemory.
 
 use std::collections::VecDeque;
 use std::io::IoSlice;
@@ -53,7 +60,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use super::{Error, Result};
 
 pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
-pub const PROTOCOL_VERSION: u16 = 4;
+pub const PROTOCOL_VERSION: u16 = 5;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
@@ -65,9 +72,14 @@ pub const FLAG_WRITABLE_RING: u32 = 2;
 /// The consumer's delivery is `auto` ([`crate::client::Delivery::Auto`]): lossless, except
 /// for live raw video (bit 0 then unset).
 pub const FLAG_AUTO: u32 = 4;
+/// The consumer can map a ring whose pixels are in GPU memory (it was built with the `cuda`
+/// feature and asked for it): it may be sent DeviceMemory.
+pub const FLAG_DEVICE_MEMORY: u32 = 8;
 /// `Ring.flags`: the descriptor is writable (granted to a client that asked, when the producer
 /// allows it); otherwise it is read-only and the ring is sealed against writes.
 pub const RING_WRITABLE: u32 = 1;
+/// `Ring.flags`: a device ring: its pixels are in GPU memory, sent next in DeviceMemory.
+pub const RING_DEVICE: u32 = 2;
 /// Descriptors one recvmsg() takes in: one more than any message carries. The kernel closes
 /// any beyond what fits (and flags the truncation, which is an error).
 const RECV_FDS: usize = MAX_FDS as usize + 1;
@@ -100,6 +112,13 @@ pub enum Message {
     },
     /// The consumer takes no more frames; it keeps those it holds until it releases them.
     Close,
+    /// The pixels of ring `ring_gen` are in the GPU memory sent with this message, `size`
+    /// bytes of GPU `gpu_uuid` (see [`crate::cuda::vmm`]).
+    DeviceMemory {
+        ring_gen: u32,
+        gpu_uuid: [u8; 16],
+        size: u64,
+    },
 }
 
 impl Message {
@@ -112,6 +131,7 @@ impl Message {
             Message::Eos => 5,
             Message::Error { .. } => 6,
             Message::Close => 7,
+            Message::DeviceMemory { .. } => 8,
         }
     }
 
@@ -119,7 +139,7 @@ impl Message {
     pub fn expected_fds(&self) -> u32 {
         match self {
             Message::Welcome { .. } => 3,
-            Message::Ring { .. } => 1,
+            Message::Ring { .. } | Message::DeviceMemory { .. } => 1,
             _ => 0,
         }
     }
@@ -159,6 +179,15 @@ impl Message {
             }
             Message::Eos | Message::Close => {}
             Message::Error { message } => put_str(&mut p, message),
+            Message::DeviceMemory {
+                ring_gen,
+                gpu_uuid,
+                size,
+            } => {
+                p.extend_from_slice(&ring_gen.to_le_bytes());
+                p.extend_from_slice(gpu_uuid);
+                p.extend_from_slice(&size.to_le_bytes());
+            }
         }
         let mut out = Vec::with_capacity(HEADER_LEN + p.len());
         out.extend_from_slice(&WIRE_MAGIC.to_le_bytes());
@@ -243,6 +272,11 @@ impl Message {
             5 => Message::Eos,
             6 => Message::Error { message: r.str()? },
             7 => Message::Close,
+            8 => Message::DeviceMemory {
+                ring_gen: r.u32()?,
+                gpu_uuid: r.take(16)?.try_into().expect("16 bytes"),
+                size: r.u64()?,
+            },
             k => return Err(Error::protocol(format!("unknown message kind {k}"))),
         };
         if !r.buf.is_empty() {
@@ -604,6 +638,11 @@ mod tests {
                 message: "über".into(),
             },
             Message::Close,
+            Message::DeviceMemory {
+                ring_gen: 2,
+                gpu_uuid: *b"0123456789abcdef",
+                size: 1 << 30,
+            },
         ]
     }
 

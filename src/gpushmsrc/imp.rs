@@ -708,6 +708,8 @@ impl BaseSrcImpl for GpuShmSrc {
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
             producer_uid: u32::try_from(s.producer_uid).ok(),
+            // Device rings come to gpushmsrc later (issue 28): it is turned away, saying why.
+            device_memory: false,
         };
         // Connecting (and waiting for a producer) happens in the receiver thread: a pipeline
         // can be stopped while it waits.

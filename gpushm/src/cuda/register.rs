@@ -149,11 +149,15 @@ pub unsafe fn register_mapping(
     }
 }
 
-/// The device address of `ptr` if `attachment` is a registration that covers it.
+/// The device address of `ptr` if `attachment` is a registration that covers it, or the GPU
+/// memory of a device ring that mirrors it.
 pub fn device_ptr_in(
     attachment: Option<&(dyn std::any::Any + Send + Sync)>,
     ptr: *const u8,
 ) -> Option<(u64, i32)> {
+    if let Some(mem) = super::vmm::of(attachment) {
+        return Some((mem.device_ptr_of(ptr)?, mem.device().ordinal as i32));
+    }
     let reg = attachment?.downcast_ref::<HostRegistration>()?;
     Some((reg.device_ptr_of(ptr)?, reg.device().ordinal as i32))
 }

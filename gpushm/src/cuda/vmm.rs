@@ -1,0 +1,363 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Rings in GPU memory, shared between processes with the CUDA virtual memory API: the
+//! producer allocates with `cuMemCreate` (POSIX file descriptor handles) and exports the
+//! allocation once per ring as a descriptor, sent over the control socket like the ring's
+//! memfd; each consumer imports it and maps it once, read-only. No CUDA IPC memory handles
+//! (they do not work on Jetson; this is one mechanism for every case).
+//!
+//! A device ring mirrors the ring's memfd byte for byte: the pixels of the frame whose bytes
+//! would be at offset `o` of the memfd are at offset `o` of the device allocation, so a frame's
+//! device address is the allocation's base plus its offset in the ring (see
+//! [`DeviceMemory::device_ptr_of`]). The memfd keeps the headers, metadata and queues; its
+//! slot bytes are never touched (memfd pages that are not touched take no memory).
+
+use std::ffi::c_void;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use cudarc::driver::sys;
+
+use super::{device, driver, CudaError, Device, Result};
+
+fn check(what: &str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(CudaError(format!("{what} failed: {r:?}")))
+    }
+}
+
+/// The device's UUID, which names it the same way in every process (ordinals depend on
+/// CUDA_VISIBLE_DEVICES).
+pub fn uuid(device: &Device) -> Result<[u8; 16]> {
+    let u = device.ctx.uuid()?;
+    Ok(u.bytes.map(|b| b as u8))
+}
+
+/// The GPU of this process with UUID `uuid`.
+pub fn device_by_uuid(uuid_wanted: &[u8; 16]) -> Result<Arc<Device>> {
+    let n = driver()?;
+    let mut seen = Vec::new();
+    for i in 0..n {
+        let d = device(i)?;
+        let u = uuid(&d)?;
+        if &u == uuid_wanted {
+            return Ok(d);
+        }
+        seen.push(format!("{} ({})", d.name, fmt_uuid(&u)));
+    }
+    Err(CudaError(format!(
+        "the frames are in the memory of GPU {}, which this process cannot see (it sees {}; check CUDA_VISIBLE_DEVICES and the container's devices)",
+        fmt_uuid(uuid_wanted),
+        seen.join(", ")
+    )))
+}
+
+/// A UUID as nvidia-smi writes it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+pub fn fmt_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+fn location(device: &Device) -> sys::CUmemLocation {
+    sys::CUmemLocation {
+        type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+        id: device.ordinal as i32,
+    }
+}
+
+fn properties(device: &Device) -> sys::CUmemAllocationProp {
+    // SAFETY: a plain C struct; all-zero is its documented default.
+    let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.location = location(device);
+    p
+}
+
+/// `len` rounded up to the device's allocation granularity.
+fn granular(device: &Device, len: usize) -> Result<usize> {
+    let p = properties(device);
+    let mut g = 0usize;
+    // SAFETY: valid out-pointer and properties.
+    check("cuMemGetAllocationGranularity", unsafe {
+        sys::cuMemGetAllocationGranularity(
+            &mut g,
+            &p,
+            sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        )
+    })?;
+    let g = g.max(1);
+    len.checked_next_multiple_of(g)
+        .filter(|&n| n > 0)
+        .ok_or_else(|| CudaError(format!("{len} bytes cannot be allocated")))
+}
+
+/// GPU memory mapped into this process: allocated here ([`Self::allocate`], read-write) or
+/// imported from another process ([`Self::import`], read-only). Unmapped and released on drop;
+/// the physical memory goes when the last process lets go of it (a consumer keeps frames of a
+/// producer that exited).
+pub struct DeviceMemory {
+    device: Arc<Device>,
+    handle: sys::CUmemGenericAllocationHandle,
+    ptr: sys::CUdeviceptr,
+    /// Bytes reserved at `ptr` (and mapped, once `mapped`).
+    len: usize,
+    mapped: bool,
+    read_only: bool,
+    /// Host address the allocation mirrors (the ring's mapping), for [`Self::device_ptr_of`].
+    host: usize,
+    host_len: usize,
+}
+
+impl std::fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes of GPU {} memory at {:#x}{}",
+            self.len,
+            self.device.ordinal,
+            self.ptr,
+            if self.read_only { " (read-only)" } else { "" }
+        )
+    }
+}
+
+impl DeviceMemory {
+    /// At least `len` bytes of `device`'s memory, exportable as a descriptor, mapped
+    /// read-write here.
+    pub fn allocate(device: &Arc<Device>, len: usize) -> Result<Self> {
+        device.ctx.bind_to_thread()?;
+        let size = granular(device, len)?;
+        let p = properties(device);
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and properties.
+        check("cuMemCreate", unsafe {
+            sys::cuMemCreate(&mut handle, size, &p, 0)
+        })
+        .map_err(|e| {
+            CudaError(format!(
+                "{e}: cannot allocate {size} bytes of {} memory shareable as a file descriptor (the CUDA virtual memory API)",
+                device.name
+            ))
+        })?;
+        Self::map(device, handle, size, false)
+    }
+
+    /// Maps `handle` (ours from here on, released on failure) and sets its access.
+    fn map(
+        device: &Arc<Device>,
+        handle: sys::CUmemGenericAllocationHandle,
+        size: usize,
+        read_only: bool,
+    ) -> Result<Self> {
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no fixed address asked for.
+        let r = unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) };
+        if let Err(e) = check("cuMemAddressReserve", r) {
+            // SAFETY: the handle is ours.
+            unsafe { sys::cuMemRelease(handle) };
+            return Err(e);
+        }
+        // From here on Drop undoes what was done.
+        let mut m = Self {
+            device: device.clone(),
+            handle,
+            ptr,
+            len: size,
+            mapped: false,
+            read_only,
+            host: 0,
+            host_len: 0,
+        };
+        // SAFETY: the reserved range is `size` bytes, the handle at least that (the caller
+        // checked an imported one's size: a smaller allocation fails here).
+        check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })?;
+        m.mapped = true;
+        let access = sys::CUmemAccessDesc {
+            location: location(device),
+            flags: if read_only {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ
+            } else {
+                sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            },
+        };
+        // SAFETY: the range is mapped.
+        check("cuMemSetAccess", unsafe {
+            sys::cuMemSetAccess(ptr, size, &access, 1)
+        })?;
+        Ok(m)
+    }
+
+    /// A descriptor for the allocation, to send to a consumer. Each call makes a new one.
+    pub fn export(&self) -> Result<OwnedFd> {
+        self.device.ctx.bind_to_thread()?;
+        let mut fd: i32 = -1;
+        // SAFETY: for POSIX handles the out-parameter is an int.
+        check("cuMemExportToShareableHandle", unsafe {
+            sys::cuMemExportToShareableHandle(
+                &mut fd as *mut i32 as *mut c_void,
+                self.handle,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        })?;
+        if fd < 0 {
+            return Err(CudaError("cuMemExportToShareableHandle gave no descriptor".into()));
+        }
+        // SAFETY: the driver made this descriptor for us.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Maps the allocation behind `fd` (sent by a producer), `len` bytes of it, read-only.
+    /// A descriptor that is not a CUDA allocation, or one smaller than `len`, is an error.
+    pub fn import(device: &Arc<Device>, fd: BorrowedFd<'_>, len: usize) -> Result<Self> {
+        device.ctx.bind_to_thread()?;
+        let size = granular(device, len)?;
+        let mut handle: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: for POSIX handles the OS handle is the descriptor's number; the driver
+        // does not take the descriptor (we close it).
+        check("cuMemImportFromShareableHandle", unsafe {
+            sys::cuMemImportFromShareableHandle(
+                &mut handle,
+                fd.as_raw_fd() as isize as *mut c_void,
+                sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        })
+        .map_err(|e| {
+            CudaError(format!(
+                "{e}: the producer's GPU memory cannot be imported into this process"
+            ))
+        })?;
+        Self::map(device, handle, size, true)
+    }
+
+    /// Says which host range this allocation mirrors (the ring's mapping): see
+    /// [`Self::device_ptr_of`].
+    pub fn mirror(&mut self, host: *const u8, host_len: usize) {
+        self.host = host as usize;
+        self.host_len = host_len.min(self.len);
+    }
+
+    /// Device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Device address that mirrors the host byte at `ptr`, if it is inside the mirrored
+    /// range.
+    pub fn device_ptr_of(&self, ptr: *const u8) -> Option<u64> {
+        let p = ptr as usize;
+        (p >= self.host && p < self.host + self.host_len)
+            .then(|| self.ptr + (p - self.host) as u64)
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// Copies `dst.len()` bytes from device address `src` (inside this allocation) to host
+    /// memory.
+    pub fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<()> {
+        if src < self.ptr || src + dst.len() as u64 > self.ptr + self.len as u64 {
+            return Err(CudaError(format!(
+                "{} bytes at {src:#x} are outside {self:?}",
+                dst.len()
+            )));
+        }
+        self.device.ctx.bind_to_thread()?;
+        // SAFETY: both ranges are checked to be inside their allocations.
+        check("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr() as *mut c_void, src, dst.len())
+        })
+    }
+
+    /// Copies host bytes `src` to device address `dst` (inside this allocation, which must be
+    /// writable here).
+    pub fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<()> {
+        if self.read_only {
+            return Err(CudaError(format!("{self:?} cannot be written")));
+        }
+        if dst < self.ptr || dst + src.len() as u64 > self.ptr + self.len as u64 {
+            return Err(CudaError(format!(
+                "{} bytes at {dst:#x} are outside {self:?}",
+                src.len()
+            )));
+        }
+        self.device.ctx.bind_to_thread()?;
+        // SAFETY: both ranges are checked to be inside their allocations.
+        check("cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len())
+        })
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        // The last frame can be dropped on any thread.
+        let _ = self.device.ctx.bind_to_thread();
+        // SAFETY: reserved (and mapped, if `mapped`) and created in map()/allocate()/import().
+        unsafe {
+            if self.mapped {
+                sys::cuMemUnmap(self.ptr, self.len);
+            }
+            sys::cuMemAddressFree(self.ptr, self.len);
+            sys::cuMemRelease(self.handle);
+        }
+    }
+}
+
+// SAFETY: only handles and addresses are stored; the driver calls are thread-safe once a
+// context is bound.
+unsafe impl Send for DeviceMemory {}
+unsafe impl Sync for DeviceMemory {}
+
+/// Makes `ring` (not yet announced) a device ring on `device`: GPU memory mirroring its
+/// memfd, mapped read-write here (the ring keeps it as its attachment: see
+/// [`crate::producer::ProducerRing::attachment`]) and exported once for its consumers.
+/// Frames are then written through [`device_ptr_of_slot`].
+pub fn place_ring(ring: &crate::producer::ProducerRing, device: &Arc<Device>) -> Result<()> {
+    let (base, len) = ring.mapping();
+    let mut mem = DeviceMemory::allocate(device, len)?;
+    mem.mirror(base, len);
+    let share = crate::producer::DeviceShare {
+        gpu_uuid: uuid(device)?,
+        size: mem.len() as u64,
+        fd: mem.export()?,
+    };
+    if !ring.set_device(share) || !ring.attach(Box::new(mem)) {
+        return Err(CudaError(
+            "the ring is already placed or registered with CUDA".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The GPU memory of a device ring (producer or consumer side), from its attachment.
+pub fn of(attachment: Option<&(dyn std::any::Any + Send + Sync)>) -> Option<&DeviceMemory> {
+    attachment?.downcast_ref::<DeviceMemory>()
+}
+
+/// Device address of `slot` of a producer's device ring.
+pub fn device_ptr_of_slot(ring: &crate::producer::ProducerRing, slot: u32) -> Option<u64> {
+    of(ring.attachment())?.device_ptr_of(ring.slot_ptr(slot))
+}
