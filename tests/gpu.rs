@@ -617,3 +617,109 @@ fn cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter() {
         }
     }
 }
+
+/// Issue 28, device rings: a producer process keeps its ring in GPU memory (CUDA virtual
+/// memory, exported as a descriptor); four consumer processes map it read-only at once, a CUDA
+/// kernel sums each frame in place and the bytes copied back match the pattern, frame for
+/// frame; a held frame is not reused while the ring goes round; a write through a consumer's
+/// mapping is refused; a consumer that cannot map GPU memory is turned away, told why.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn device_ring_frames_are_read_in_place_by_other_processes() {
+    gpu("device_ring_frames_are_read_in_place_by_other_processes");
+    let dir = tmpdir();
+    let sock = dir.path().join("dev.sock");
+    let s = sock.to_str().unwrap();
+    let mut producer = example("device_ring");
+    producer.args([
+        "produce",
+        "--socket",
+        s,
+        "--frames",
+        "40",
+        "--clients",
+        "4",
+        "--slots",
+        "8",
+    ]);
+    let mut producer = Proc::spawn(producer, "device ring producer");
+    producer.wait_line("READY", Duration::from_secs(30));
+    let refused = example("device_ring")
+        .args(["consume", "--socket", s, "--host-only"])
+        .output()
+        .unwrap();
+    let refused = String::from_utf8_lossy(&refused.stdout).to_string();
+    assert!(
+        refused.contains("ERROR") && refused.contains("GPU memory"),
+        "a consumer that cannot map GPU memory: {refused}"
+    );
+    let consumers: Vec<Proc> = (0..4)
+        .map(|i| {
+            let mut c = example("device_ring");
+            c.args(["consume", "--socket", s, "--frames", "40"]);
+            Proc::spawn(c, &format!("device ring consumer {i}"))
+        })
+        .collect();
+    for (i, c) in consumers.into_iter().enumerate() {
+        let (status, out) = c.finish(Duration::from_secs(60));
+        let text = out.join("\n");
+        assert!(status.success(), "consumer {i}:\n{text}");
+        let frames: Vec<&String> = out.iter().filter(|l| l.starts_with("FRAME ")).collect();
+        assert_eq!(frames.len(), 40, "consumer {i}:\n{text}");
+        for (n, l) in frames.iter().enumerate() {
+            assert_eq!(
+                l.as_str(),
+                format!("FRAME {n} device=true ok=true"),
+                "consumer {i}:\n{text}"
+            );
+        }
+        assert!(
+            out.iter().any(|l| l == "HELD ok=true"),
+            "consumer {i}:\n{text}"
+        );
+        assert!(
+            out.iter().any(|l| l.starts_with("WRITE refused=true")),
+            "consumer {i}:\n{text}"
+        );
+    }
+    let (status, out) = producer.finish(Duration::from_secs(30));
+    assert!(status.success(), "producer:\n{}", out.join("\n"));
+}
+
+/// Issue 28: a consumer of a device ring whose producer is killed (-9) keeps the frame it
+/// holds readable, and once it lets go its mapping of the ring's GPU memory is gone: the
+/// memory comes back (a 4K ring of 8 slots, 66 MiB).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_device_ring_consumer_frees_the_gpu_memory_after_its_producer_is_killed() {
+    gpu("a_device_ring_consumer_frees_the_gpu_memory_after_its_producer_is_killed");
+    let dir = tmpdir();
+    let sock = dir.path().join("dev-kill.sock");
+    let s = sock.to_str().unwrap();
+    let mut producer = example("device_ring");
+    producer.args(["produce", "--socket", s, "--frames", "20"]);
+    producer.args(["--width", "3840", "--height", "2160", "--slots", "8"]);
+    let mut producer = Proc::spawn(producer, "device ring producer");
+    producer.wait_line("READY", Duration::from_secs(30));
+    let mut c = example("device_ring");
+    c.args(["consume", "--socket", s, "--frames", "20", "--kill-wait"]);
+    let mut c = Proc::spawn(c, "device ring consumer");
+    c.wait_line("WAITING", Duration::from_secs(60));
+    producer.kill9();
+    let (status, out) = c.finish(Duration::from_secs(30));
+    let text = out.join("\n");
+    assert!(status.success(), "{text}");
+    assert_eq!(
+        out.iter()
+            .filter(|l| l.ends_with("device=true ok=true"))
+            .count(),
+        20,
+        "{text}"
+    );
+    let mem = fields(&out, "MEM ");
+    println!("{}", out.last().unwrap());
+    assert!(
+        num(&mem, "released") >= num(&mem, "holding") + 32.0,
+        "the ring's GPU memory stayed allocated after the consumer let go:\n{text}"
+    );
+}

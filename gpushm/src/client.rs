@@ -881,7 +881,11 @@ fn connect_error(path: &Path, e: &std::io::Error) -> Error {
 /// Maps the GPU memory `fd` of a device ring (on the GPU named `gpu_uuid`), read-only, as
 /// the ring's attachment.
 #[cfg(feature = "cuda")]
-fn map_device_ring(ring: &ConsumerRing, fd: std::os::fd::OwnedFd, gpu_uuid: &[u8; 16]) -> Result<()> {
+fn map_device_ring(
+    ring: &ConsumerRing,
+    fd: std::os::fd::OwnedFd,
+    gpu_uuid: &[u8; 16],
+) -> Result<()> {
     use crate::cuda::vmm::{device_by_uuid, DeviceMemory};
     let (base, len) = ring.mapping();
     let mut mem = device_by_uuid(gpu_uuid)

@@ -15,10 +15,10 @@
 //!
 //! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
 pub mod client;
 pub mod consumer;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod format;
 pub mod frame;
 pub mod layout;

@@ -1976,6 +1976,8 @@ struct Current {
 pub struct FramePublisher {
     engine: Arc<Publisher<SlotToken>>,
     current: Mutex<Current>,
+    /// Where rings go: the GPU of a device ring (see [`Self::new_on_device`]).
+    placement: Placement,
     slots: u32,
     start_ns: u64,
     frames: std::sync::atomic::AtomicU64,
@@ -1991,6 +1993,13 @@ impl Default for Config {
     }
 }
 
+/// Where a [`FramePublisher`]'s rings go: host memory, or the GPU memory of `device`.
+#[derive(Clone, Default)]
+struct Placement {
+    #[cfg(feature = "cuda")]
+    device: Option<Arc<crate::cuda::Device>>,
+}
+
 /// A slot of a [`FramePublisher`] lent to the app to fill; publish it, or drop it to give it
 /// back unpublished.
 pub struct SlotLease {
@@ -2000,8 +2009,13 @@ pub struct SlotLease {
 }
 
 impl SlotLease {
-    /// The slot's bytes: the frame, laid out as [`Self::layout`] says.
+    /// The slot's bytes: the frame, laid out as [`Self::layout`] says. Empty for a slot in
+    /// GPU memory ([`Self::is_on_device`]): fill that through [`Self::device_ptr`] or
+    /// [`Self::fill_from_host`].
     pub fn bytes_mut(&mut self) -> &mut [u8] {
+        if self.is_on_device() {
+            return &mut [];
+        }
         // SAFETY: the slot is ours alone until published (no client references it, and
         // clients only ever map the ring read-only); the layout's size fits the slot.
         unsafe {
@@ -2010,6 +2024,40 @@ impl SlotLease {
                 self.cur.layout.size as usize,
             )
         }
+    }
+
+    /// Whether the slot is in GPU memory (a [`FramePublisher::new_on_device`] ring).
+    pub fn is_on_device(&self) -> bool {
+        self.cur.ring.device().is_some()
+    }
+
+    /// The slot's device address, writable until published, for a slot in GPU memory.
+    #[cfg(feature = "cuda")]
+    pub fn device_ptr(&self) -> Option<u64> {
+        crate::cuda::vmm::device_ptr_of_slot(&self.cur.ring, self.slot)
+    }
+
+    /// Copies a whole frame (`layout().size` bytes) from host memory into the slot, in
+    /// host or GPU memory.
+    pub fn fill_from_host(&mut self, frame: &[u8]) -> Result<()> {
+        let size = self.cur.layout.size as usize;
+        if frame.len() != size {
+            return Err(Error::Invalid(format!(
+                "a frame of this layout is {size} bytes, not {}",
+                frame.len()
+            )));
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(mem) = crate::cuda::vmm::of(self.cur.ring.attachment()) {
+            let dst = self
+                .device_ptr()
+                .ok_or_else(|| Error::Invalid("the slot is outside its GPU memory".into()))?;
+            return mem
+                .copy_from_host(dst, frame)
+                .map_err(|e| Error::Invalid(e.to_string()));
+        }
+        self.bytes_mut().copy_from_slice(frame);
+        Ok(())
     }
 
     /// The layout of the frame this slot holds.
@@ -2039,8 +2087,39 @@ impl FramePublisher {
         slots: u32,
         config: Config,
     ) -> Result<Self> {
+        Self::start(path, layout, fps, slots, config, Placement::default())
+    }
+
+    /// Like [`Self::new`], with the frames' pixels in `device`'s memory (a device ring, see
+    /// [`crate::cuda::vmm`]): consumers that map GPU memory
+    /// ([`crate::client::ConnectOptions::device_memory`]) read them there, on the GPU, and
+    /// other consumers are turned away, told why. Fill slots with
+    /// [`SlotLease::fill_from_host`] or through [`SlotLease::device_ptr`].
+    #[cfg(feature = "cuda")]
+    pub fn new_on_device(
+        path: &Path,
+        layout: crate::format::FrameLayout,
+        fps: (u32, u32),
+        slots: u32,
+        config: Config,
+        device: Arc<crate::cuda::Device>,
+    ) -> Result<Self> {
+        let placement = Placement {
+            device: Some(device),
+        };
+        Self::start(path, layout, fps, slots, config, placement)
+    }
+
+    fn start(
+        path: &Path,
+        layout: crate::format::FrameLayout,
+        fps: (u32, u32),
+        slots: u32,
+        config: Config,
+        placement: Placement,
+    ) -> Result<Self> {
         let engine: Arc<Publisher<SlotToken>> = Publisher::start(path, config, Box::new(|_| {}))?;
-        let current = match Self::ring(&engine, layout, fps, slots) {
+        let current = match Self::ring(&engine, &placement, layout, fps, slots) {
             Ok(c) => c,
             Err(e) => {
                 engine.stop();
@@ -2050,6 +2129,7 @@ impl FramePublisher {
         Ok(Self {
             engine,
             current: Mutex::new(current),
+            placement,
             slots,
             start_ns: crate::monotonic_ns(),
             frames: Default::default(),
@@ -2058,6 +2138,7 @@ impl FramePublisher {
 
     fn ring(
         engine: &Arc<Publisher<SlotToken>>,
+        placement: &Placement,
         layout: crate::format::FrameLayout,
         fps: (u32, u32),
         slots: u32,
@@ -2076,7 +2157,23 @@ impl FramePublisher {
                 free.1.notify_one();
             })
         };
-        let ring = engine.new_ring(slots, layout.size, &layout.caps(fps.0, fps.1), requeue)?;
+        #[cfg(feature = "cuda")]
+        let prepare = |r: &ProducerRing| match &placement.device {
+            Some(d) => crate::cuda::vmm::place_ring(r, d)
+                .map_err(|e| Error::Invalid(format!("cannot put the ring in GPU memory: {e}"))),
+            None => Ok(()),
+        };
+        #[cfg(not(feature = "cuda"))]
+        let prepare = |_: &ProducerRing| Ok(());
+        #[cfg(not(feature = "cuda"))]
+        let _ = placement;
+        let ring = engine.new_ring_with(
+            slots,
+            layout.size,
+            &layout.caps(fps.0, fps.1),
+            requeue,
+            &prepare,
+        )?;
         Ok(Current {
             ring,
             layout,
@@ -2089,7 +2186,7 @@ impl FramePublisher {
     /// caps change in GStreamer). Slots lent before are of the old ring: they can no longer be
     /// published ([`Self::publish`] says so and takes the slot back); lend new ones.
     pub fn set_layout(&self, layout: crate::format::FrameLayout, fps: (u32, u32)) -> Result<()> {
-        let c = Self::ring(&self.engine, layout, fps, self.slots)?;
+        let c = Self::ring(&self.engine, &self.placement, layout, fps, self.slots)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
         Ok(())
     }

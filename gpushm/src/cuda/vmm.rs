@@ -77,7 +77,8 @@ fn properties(device: &Device) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct; all-zero is its documented default.
     let mut p: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     p.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    p.requestedHandleTypes =
+        sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     p.location = location(device);
     p
 }
@@ -179,7 +180,9 @@ impl DeviceMemory {
         };
         // SAFETY: the reserved range is `size` bytes, the handle at least that (the caller
         // checked an imported one's size: a smaller allocation fails here).
-        check("cuMemMap", unsafe { sys::cuMemMap(ptr, size, 0, handle, 0) })?;
+        check("cuMemMap", unsafe {
+            sys::cuMemMap(ptr, size, 0, handle, 0)
+        })?;
         m.mapped = true;
         let access = sys::CUmemAccessDesc {
             location: location(device),
@@ -210,7 +213,9 @@ impl DeviceMemory {
             )
         })?;
         if fd < 0 {
-            return Err(CudaError("cuMemExportToShareableHandle gave no descriptor".into()));
+            return Err(CudaError(
+                "cuMemExportToShareableHandle gave no descriptor".into(),
+            ));
         }
         // SAFETY: the driver made this descriptor for us.
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -255,8 +260,7 @@ impl DeviceMemory {
     /// range.
     pub fn device_ptr_of(&self, ptr: *const u8) -> Option<u64> {
         let p = ptr as usize;
-        (p >= self.host && p < self.host + self.host_len)
-            .then(|| self.ptr + (p - self.host) as u64)
+        (p >= self.host && p < self.host + self.host_len).then(|| self.ptr + (p - self.host) as u64)
     }
 
     pub fn len(&self) -> usize {
