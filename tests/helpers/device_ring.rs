@@ -98,6 +98,9 @@ fn consume(args: &[String], socket: &str) -> Result<(), String> {
     let frames = num(args, "--frames", 30);
     let dev = cuda::device(0).map_err(|e| e.to_string())?;
     dev.ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    // Kernels are compiled before connecting: a lossless consumer that takes no frame for a
+    // frame's duration is marked lagging.
+    let mut summer = cuda::kernels::GpuSummer::new(&dev).map_err(|e| e.to_string())?;
     let before = free_mib();
     let opts = ConnectOptions {
         device_memory: !args.iter().any(|a| a == "--host-only"),
@@ -113,7 +116,6 @@ fn consume(args: &[String], socket: &str) -> Result<(), String> {
             return Ok(());
         }
     };
-    let mut summer = cuda::kernels::GpuSummer::new(&dev).map_err(|e| e.to_string())?;
     let mut held = None;
     let mut mapped = 0;
     for _ in 0..frames {
