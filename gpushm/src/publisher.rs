@@ -2037,6 +2037,26 @@ impl SlotLease {
         crate::cuda::vmm::device_ptr_of_slot(&self.cur.ring, self.slot)
     }
 
+    /// Copies a whole frame (`layout().size` bytes) from GPU memory at `src` (a tensor on
+    /// the ring's GPU) into a slot in GPU memory.
+    #[cfg(feature = "cuda")]
+    pub fn fill_from_device(&mut self, src: u64, len: usize) -> Result<()> {
+        let size = self.cur.layout.size as usize;
+        if len != size {
+            return Err(Error::Invalid(format!(
+                "a frame of this layout is {size} bytes, not {len}"
+            )));
+        }
+        let mem = crate::cuda::vmm::of(self.cur.ring.attachment()).ok_or_else(|| {
+            Error::Invalid("the slot is in host memory: fill it from the host".into())
+        })?;
+        let dst = self
+            .device_ptr()
+            .ok_or_else(|| Error::Invalid("the slot is outside its GPU memory".into()))?;
+        mem.copy_from_device(dst, src, len)
+            .map_err(|e| Error::Invalid(e.to_string()))
+    }
+
     /// Copies a whole frame (`layout().size` bytes) from host memory into the slot, in
     /// host or GPU memory.
     pub fn fill_from_host(&mut self, frame: &[u8]) -> Result<()> {
@@ -2205,6 +2225,11 @@ impl FramePublisher {
     /// Consumers connected now.
     pub fn num_clients(&self) -> usize {
         self.engine.num_clients()
+    }
+
+    /// Whether frames go into GPU memory ([`Self::new_on_device`]).
+    pub fn is_on_device(&self) -> bool {
+        self.cur().ring.device().is_some()
     }
 
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {

@@ -6,7 +6,7 @@
 
 use std::sync::Mutex;
 
-use gpushm::cuda::register::{register_mapping, HostRegistration, NotRegistered};
+use gpushm::cuda::register::{device_ptr_in, register_mapping, HostRegistration, NotRegistered};
 
 use crate::frame::FrameData;
 
@@ -21,6 +21,11 @@ pub fn registrations() -> u64 {
 /// needed.
 pub fn device_ptr(data: &FrameData) -> Result<(u64, i32), String> {
     let ring = data.lease.0.ring();
+    if data.on_device {
+        // A device ring: mapped from GPU memory when it arrived.
+        return device_ptr_in(ring.attachment(), data.ptr as *const u8)
+            .ok_or_else(|| "the frame lies outside its ring's GPU memory".to_string());
+    }
     if ring.attachment().is_none() {
         let _guard = REGISTER.lock().unwrap_or_else(|e| e.into_inner());
         if ring.attachment().is_none() {
@@ -57,4 +62,14 @@ pub fn device_ptr(data: &FrameData) -> Result<(u64, i32), String> {
         .device_ptr_of(data.ptr as *const u8)
         .ok_or("the frame lies outside its ring's registration")?;
     Ok((dev, reg.device().ordinal as i32))
+}
+
+/// A copy of a device-ring frame's bytes in host memory.
+pub fn copy_to_host(data: &FrameData) -> Result<Vec<u8>, String> {
+    let mem = gpushm::cuda::vmm::of(data.lease.0.ring().attachment())
+        .ok_or("the frame's ring has no GPU memory")?;
+    let (src, _) = device_ptr(data)?;
+    let mut v = vec![0u8; data.meta.payload_size as usize];
+    mem.copy_to_host(src, &mut v).map_err(|e| e.0)?;
+    Ok(v)
 }

@@ -24,6 +24,8 @@ pub struct FrameData {
     pub ptr: usize,
     pub lease: LeaseHolder,
     pub cuda_device: i32,
+    /// The bytes are in GPU memory (a device ring): no host view, DLPack/CUDA views only.
+    pub on_device: bool,
 }
 
 pub struct LeaseHolder(pub SlotLease);
@@ -98,6 +100,12 @@ pub struct Frame {
 impl Frame {
     pub fn new(f: gpushm::client::Frame, cuda_device: i32) -> Self {
         let geometry = f.layout();
+        let on_device = f.is_on_device();
+        // A device ring's frames are on the producer's GPU, whatever cuda_device says.
+        let cuda_device = match f.device_ptr() {
+            Some((_, d)) if on_device => d,
+            _ => cuda_device,
+        };
         let gpushm::client::Frame {
             meta,
             seq,
@@ -110,6 +118,7 @@ impl Frame {
             ptr: ptr as usize,
             lease: LeaseHolder(lease),
             cuda_device,
+            on_device,
         });
         Frame {
             data: Mutex::new(Some(data)),
@@ -328,9 +337,31 @@ impl Frame {
         }
     }
 
-    /// The payload as gpushmsrc's buffer holds it (a copy).
+    /// Whether the frame is in GPU memory (a producer's device ring, for a subscriber made
+    /// with `device_memory=True`): read it with `torch.from_dlpack(frame)` or CuPy, on
+    /// `cuda_device`; `bytes(frame)` copies it to the host; `numpy()` refuses.
+    #[getter]
+    fn on_device(&self) -> PyResult<bool> {
+        Ok(self.data()?.on_device)
+    }
+
+    /// The CUDA device the frame's CUDA views are on.
+    #[getter]
+    fn cuda_device(&self) -> PyResult<i32> {
+        Ok(self.data()?.cuda_device)
+    }
+
+    /// The payload as gpushmsrc's buffer holds it (a copy; from the GPU for a frame
+    /// `on_device`).
     fn __bytes__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let data = self.data()?;
+        if data.on_device {
+            let d = data.clone();
+            let v = py
+                .detach(move || crate::cuda::copy_to_host(&d))
+                .map_err(Error::new_err)?;
+            return Ok(PyBytes::new(py, &v));
+        }
         // SAFETY: the lease keeps payload_size bytes at ptr mapped (checked against the slot
         // when the frame was read).
         let bytes = unsafe {

@@ -46,6 +46,60 @@ pub struct Slot {
 static PUBLISHERS: AtomicU64 = AtomicU64::new(0);
 
 impl Publisher {
+    /// For a publisher in GPU memory and a CUDA tensor (`__cuda_array_interface__`: PyTorch,
+    /// CuPy, Numba): a slot filled from it with one device-to-device copy. `None` for
+    /// anything else (a host array).
+    fn device_lease(
+        &self,
+        py: Python<'_>,
+        frame: &Bound<'_, PyAny>,
+        timeout: f64,
+    ) -> PyResult<Option<PublishLease>> {
+        if !self.engine()?.is_on_device() {
+            return Ok(None);
+        }
+        let Ok(iface) = frame.getattr("__cuda_array_interface__") else {
+            return Ok(None);
+        };
+        let (ptr, _ro): (u64, bool) = iface.get_item("data")?.extract()?;
+        let typestr: String = iface.get_item("typestr")?.extract()?;
+        if typestr != "|u1" {
+            return Err(PyTypeError::new_err(format!(
+                "frames are uint8 tensors, not {typestr}"
+            )));
+        }
+        let shape: Vec<usize> = iface.get_item("shape")?.extract()?;
+        let n: usize = shape.iter().product();
+        let strides: Option<Vec<isize>> = iface
+            .get_item("strides")
+            .ok()
+            .filter(|s| !s.is_none())
+            .map(|s| s.extract())
+            .transpose()?;
+        // C-contiguous: strides absent, or each the product of the sizes after it.
+        if let Some(st) = strides {
+            let mut want = 1isize;
+            for (i, &d) in shape.iter().enumerate().rev() {
+                if d > 1 && st.get(i) != Some(&want) {
+                    return Err(PyValueError::new_err(
+                        "the tensor is not contiguous: call .contiguous() first",
+                    ));
+                }
+                want *= d as isize;
+            }
+        }
+        if n != self.layout.size as usize {
+            return Err(PyValueError::new_err(format!(
+                "frames for GPU memory are whole frames of {} bytes (padding included), this tensor holds {n}",
+                self.layout.size
+            )));
+        }
+        let mut lease = self.acquire_lease(py, timeout)?;
+        // The tensor stays alive: the caller holds it (and we hold the GIL through the copy).
+        lease.fill_from_device(ptr, n).map_err(to_py)?;
+        Ok(Some(lease))
+    }
+
     /// The engine, taken out of the lock: waits never hold it (nor the GIL).
     fn engine(&self) -> PyResult<Arc<FramePublisher>> {
         self.inner
@@ -65,7 +119,7 @@ impl Publisher {
 #[pymethods]
 impl Publisher {
     #[new]
-    #[pyo3(signature = (path, format, width, height, fps=30.0, slots=8, perms=0o600))]
+    #[pyo3(signature = (path, format, width, height, fps=30.0, slots=8, perms=0o600, cuda_device=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -76,6 +130,7 @@ impl Publisher {
         fps: Option<f64>,
         slots: u32,
         perms: u32,
+        cuda_device: Option<i32>,
     ) -> PyResult<Self> {
         let f = VideoFormat::from_name(format).ok_or_else(|| {
             PyValueError::new_err(format!(
@@ -104,7 +159,14 @@ impl Publisher {
         };
         let l = layout.clone();
         let p = py
-            .detach(move || FramePublisher::new(&path, l, rate, slots, config))
+            .detach(move || match cuda_device {
+                None => FramePublisher::new(&path, l, rate, slots, config),
+                Some(d) => gpushm::cuda::device(d)
+                    .map_err(|e| CoreError::Invalid(format!("cuda_device={d}: {e}")))
+                    .and_then(|dev| {
+                        FramePublisher::new_on_device(&path, l, rate, slots, config, dev)
+                    }),
+            })
             .map_err(|e| match e {
                 CoreError::Invalid(m) => PyValueError::new_err(m),
                 e => to_py(e),
@@ -120,6 +182,11 @@ impl Publisher {
     #[pyo3(signature = (timeout=1.0))]
     fn acquire(&self, py: Python<'_>, timeout: f64) -> PyResult<Slot> {
         let mut lease = self.acquire_lease(py, timeout)?;
+        if lease.is_on_device() {
+            return Err(PyTypeError::new_err(
+                "this publisher's slots are in GPU memory: publish(tensor) copies a CUDA tensor (or a NumPy array) into one",
+            ));
+        }
         let ptr = lease.bytes_mut().as_mut_ptr() as usize;
         Ok(Slot {
             slot: Arc::new(WritableSlot {
@@ -161,6 +228,8 @@ impl Publisher {
                 .unwrap_or_else(|e| e.into_inner())
                 .take()
                 .ok_or_else(|| Error::new_err("this slot was already published"))?
+        } else if let Some(lease) = self.device_lease(py, frame, timeout)? {
+            lease
         } else {
             let np = py.import("numpy")?;
             let arr = np.call_method1("asarray", (frame,))?;
@@ -196,6 +265,18 @@ impl Publisher {
             // SAFETY: `arr` is a contiguous uint8 array of n bytes at addr, alive and not
             // resizable by others while we hold the GIL.
             let src = unsafe { std::slice::from_raw_parts(addr as *const u8, n) };
+            if lease.is_on_device() {
+                if n != self.layout.size as usize {
+                    return Err(PyValueError::new_err(format!(
+                        "frames for GPU memory are whole frames of {} bytes (padding included), this array holds {n}",
+                        self.layout.size
+                    )));
+                }
+                lease.fill_from_host(src).map_err(to_py)?;
+                return py
+                    .detach(move || engine.publish(lease, capture_ns))
+                    .map_err(to_py);
+            }
             let dst = lease.bytes_mut();
             if n == self.layout.size as usize {
                 dst[..n].copy_from_slice(src);
@@ -214,6 +295,12 @@ impl Publisher {
         };
         py.detach(move || engine.publish(lease, capture_ns))
             .map_err(to_py)
+    }
+
+    /// Whether frames go into GPU memory (made with `cuda_device=`).
+    #[getter]
+    fn on_device(&self) -> PyResult<bool> {
+        Ok(self.engine()?.is_on_device())
     }
 
     /// Consumers connected and taking frames now (closed ones still holding frames are not counted).

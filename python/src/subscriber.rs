@@ -27,6 +27,11 @@ use crate::frame::Frame;
 ///
 /// Frames (and every view, array or tensor made from them) keep their slots until the last of
 /// them is gone, also after `close()`; see `Frame` and the gpushm crate's "Held frames".
+///
+/// `device_memory=True`: the producer may keep its frames in GPU memory (a device ring, e.g.
+/// `Publisher(..., cuda_device=0)`): this subscriber then maps it read-only and its frames are
+/// `on_device` (`torch.from_dlpack(frame)`, CuPy; `numpy()` refuses, `bytes(frame)` copies).
+/// Without it, a producer with a device ring turns the subscriber away, saying why.
 #[pyclass(module = "gpushm", name = "Subscriber", frozen)]
 pub struct Subscriber {
     inner: Mutex<Option<CoreSubscriber>>,
@@ -81,7 +86,7 @@ impl Subscriber {
 #[pymethods]
 impl Subscriber {
     #[new]
-    #[pyo3(signature = (path, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto"))]
+    #[pyo3(signature = (path, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto", device_memory=false))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -92,6 +97,7 @@ impl Subscriber {
         producer_uid: Option<u32>,
         cuda_device: i32,
         mode: &str,
+        device_memory: bool,
     ) -> PyResult<Self> {
         let timeout = secs(timeout)?;
         let mode = match lossless {
@@ -107,6 +113,7 @@ impl Subscriber {
             mode,
             timeout: timeout.unwrap_or(Duration::MAX),
             producer_uid,
+            device_memory,
             ..Default::default()
         };
         if let Some(n) = name {

@@ -68,6 +68,12 @@ impl View {
             Source::Slot(w) => (w.ptr, false),
             Source::Frame(f) => {
                 f.check()?;
+                if f.on_device {
+                    return Err(PyBufferError::new_err(format!(
+                        "this frame is in GPU memory (CUDA device {}): NumPy cannot view it; use torch.from_dlpack(frame) or cupy.from_dlpack(frame), or bytes(frame) for a host copy",
+                        f.cuda_device
+                    )));
+                }
                 (f.ptr, true)
             }
         };
@@ -108,8 +114,8 @@ impl View {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        // Host memory, written before the frame was published: there is nothing to order on
-        // the consumer's stream.
+        // Written (host memory, or a device ring's GPU memory with a synchronous copy) before
+        // the frame was published: there is nothing to order on the consumer's stream.
         let _ = stream;
         if copy == Some(true) {
             return Err(PyBufferError::new_err(
@@ -138,6 +144,12 @@ impl View {
             ));
         }
         let (ptr, device) = match dl_device {
+            Some((dlpack::KDL_CPU, _)) if frame.on_device => {
+                return Err(PyBufferError::new_err(format!(
+                    "this frame is in GPU memory (CUDA device {}); the CPU would need a copy: bytes(frame)",
+                    frame.cuda_device
+                )))
+            }
             Some((dlpack::KDL_CPU, _)) => (
                 (frame.ptr + this.offset as usize) as u64,
                 (dlpack::KDL_CPU, 0),

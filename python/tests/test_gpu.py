@@ -149,3 +149,67 @@ def test_sixteen_bit_frames_reach_cupy_as_uint16(launch, sock):
         c = cupy.from_dlpack(f)
         assert c.dtype == cupy.uint16 and c.shape == (241, 321)
         assert np.array_equal(cupy.asnumpy(c), a)
+
+
+DEVICE_PRODUCER = r"""
+import sys, time
+import numpy as np
+import torch
+import gpushm
+
+with gpushm.Publisher(sys.argv[1], "GRAY8", 640, 480, fps=30, slots=4, cuda_device=0) as pub:
+    assert pub.on_device
+    deadline = time.monotonic() + 30
+    while pub.num_clients < 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    for v in range(20):
+        if v % 2:
+            pub.publish(torch.full((480, 640), v, dtype=torch.uint8, device="cuda"), timeout=10)
+        else:
+            pub.publish(np.full((480, 640), v, dtype=np.uint8), timeout=10)
+    print("SENT", flush=True)
+    deadline = time.monotonic() + 30
+    while pub.num_clients > 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def test_a_device_ring_reaches_torch_in_place_in_another_process(sock):
+    """Issue 28: a Publisher with cuda_device=0 keeps its ring in GPU memory and fills it from
+    CUDA tensors (one device-to-device copy) and NumPy arrays; a Subscriber in another process
+    with device_memory=True gets frames on the GPU: torch.from_dlpack aliases them, values
+    intact; numpy() refuses, bytes() copies; a held tensor stays unchanged while the ring goes
+    round; a subscriber that did not ask for GPU memory is turned away, told why."""
+    import torch
+
+    producer = subprocess.Popen([sys.executable, "-c", DEVICE_PRODUCER, sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(sock, 30)
+        with pytest.raises(Exception, match="GPU memory"):
+            gpushm.Subscriber(sock)
+        with gpushm.Subscriber(sock, device_memory=True, mode="lossless", timeout=20) as sub:
+            held = None
+            for v in range(20):
+                f = sub.next_frame()
+                assert f.on_device
+                t = torch.from_dlpack(f)
+                assert t.is_cuda and tuple(t.shape) == (480, 640)
+                assert bool((t == v).all()), f"frame {v}"
+                if v == 3:
+                    with pytest.raises(Exception, match="GPU memory"):
+                        f.numpy()
+                    assert bytes(f) == bytes([v]) * (640 * 480)
+                if held is None:
+                    held = t
+                else:
+                    del t
+                    f.release()
+            assert bool((held == 0).all()), "the held frame was reused"
+            del held
+        out, err = producer.communicate(timeout=30)
+        assert producer.returncode == 0, err
+        assert "SENT" in out
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.communicate()

@@ -251,3 +251,22 @@ def test_an_event_loop_on_fileno_sees_eos_without_spinning(launch, sock):
             pytest.fail("EOS never reached the event loop")
     # One wake-up per frame, give or take the socket's news: never a busy loop.
     assert frames >= 10 and wakeups < 3 * frames + 10, (frames, wakeups)
+
+
+def test_a_publisher_in_gpu_memory_without_a_gpu_says_why(tmp_path):
+    """Publisher(cuda_device=0) where no GPU can be used (hidden here, so that this runs the
+    same on GPU machines) fails with a clear error, and leaves no socket behind."""
+    code = (
+        "import gpushm, sys\n"
+        "try:\n"
+        "    gpushm.Publisher(sys.argv[1], 'GRAY8', 64, 48, cuda_device=0)\n"
+        "except ValueError as e:\n"
+        "    print('ERROR', e)\n"
+    )
+    path = str(tmp_path / "dev.sock")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERROR cuda_device=0:"), out.stdout
+    assert "CUDA" in out.stdout, out.stdout
+    assert not os.path.exists(path)

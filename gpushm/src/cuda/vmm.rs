@@ -315,6 +315,31 @@ impl DeviceMemory {
     }
 }
 
+impl DeviceMemory {
+    /// Copies `len` bytes from device address `src` (any memory this process's CUDA context
+    /// on this GPU can read: a PyTorch or CuPy tensor) to `dst` inside this allocation. Work
+    /// queued before on the context's streams is finished first, and the copy is complete
+    /// when this returns: a frame published next holds it all.
+    pub fn copy_from_device(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        if self.read_only {
+            return Err(CudaError(format!("{self:?} cannot be written")));
+        }
+        if dst < self.ptr || dst + len as u64 > self.ptr + self.len as u64 {
+            return Err(CudaError(format!(
+                "{len} bytes at {dst:#x} are outside {self:?}"
+            )));
+        }
+        self.device.ctx.bind_to_thread()?;
+        // SAFETY: plain driver calls; `dst` is checked, `src` is the caller's device memory
+        // (the driver refuses addresses it does not know).
+        unsafe {
+            check("cuCtxSynchronize", sys::cuCtxSynchronize())?;
+            check("cuMemcpyDtoD", sys::cuMemcpyDtoD_v2(dst, src, len))?;
+            check("cuCtxSynchronize", sys::cuCtxSynchronize())
+        }
+    }
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // The last frame can be dropped on any thread.
