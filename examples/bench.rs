@@ -21,7 +21,9 @@
 //! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny` (64x64 GRAY8
 //! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer),
 //! `bench latency --runs 7` (latency only, rounds alternating the transports, with medians),
-//! `bench flood` (a producer's cost of a connection flood, and what its consumer sees).
+//! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
+//! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
+//! plain device memory).
 
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -1136,6 +1138,97 @@ fn flood(args: &[String]) -> Result<(), String> {
     result
 }
 
+/// Where a 4K NV12 frame is read fastest by a CUDA kernel: a device ring (GPU memory shared
+/// with the CUDA virtual memory API), the host ring registered with CUDA, and plain device
+/// memory (the limit), in one process and one run. The cudasum kernel's per-frame time
+/// (median of 50) over the frame's bytes, and a plain read kernel's best time.
+fn device_ring_mode() {
+    use gstgpushm::cuda::{self, kernels::PlaneJob};
+    use gstgpushm::ring::producer::ProducerRing;
+    println!("\n## Reading a 4K NV12 frame on the GPU: device ring, host ring, device memory\n");
+    let dev = match cuda::device(-1) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("no GPU: {e}");
+            return;
+        }
+    };
+    let (w, h) = (3840u32, 2160u32);
+    let len = (w * h * 3 / 2) as usize;
+    let mut gpu = match cuda::kernels::GpuSummer::new(&dev) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("cudasum kernels: {e}");
+            return;
+        }
+    };
+    let jobs = |base: u64| {
+        [
+            PlaneJob {
+                dev_ptr: base,
+                stride: w as u64,
+                row_bytes: w,
+                rows: h,
+                channels: 1,
+            },
+            PlaneJob {
+                dev_ptr: base + (w * h) as u64,
+                stride: w as u64,
+                row_bytes: w,
+                rows: h / 2,
+                channels: 2,
+            },
+        ]
+    };
+    println!("| frame in | cudasum kernel GB/s (median) | plain read kernel GB/s (best) |");
+    println!("|---|---|---|");
+    let device_ring = ProducerRing::create(1, 2, len as u64, false).and_then(|r| {
+        cuda::vmm::place_ring(&r, &dev).map_err(|e| gstgpushm::ring::Error::Invalid(e.0))?;
+        Ok(r)
+    });
+    let host_ring = ProducerRing::create(1, 2, len as u64, false);
+    let plain = gpu.alloc_device(len);
+    let mut measure = |what: &str, base: u64| {
+        let mut t: Vec<u64> = (0..50)
+            .filter_map(|_| gpu.sum(&jobs(base)).ok().map(|r| r.1))
+            .collect();
+        t.sort_unstable();
+        let sum_ns = t.get(t.len() / 2).copied().unwrap_or(0).max(1);
+        let read_ns = gpu.time_read(base, len as u64, 20).unwrap_or(0).max(1);
+        let (a, b) = (len as f64 / sum_ns as f64, len as f64 / read_ns as f64);
+        println!("| {what} | {a:.1} | {b:.1} |");
+        (a, b)
+    };
+    let (mut d, mut hr, mut p) = ((0.0, 0.0), (0.0, 0.0), (0.0, 0.0));
+    match &device_ring {
+        Ok(r) => match cuda::vmm::device_ptr_of_slot(r, 0) {
+            Some(ptr) => d = measure("device ring (GPU memory, VMM)", ptr),
+            None => println!("| device ring | no device address | |"),
+        },
+        Err(e) => println!("| device ring | {e} | |"),
+    }
+    if let Ok(r) = &host_ring {
+        let (base, l) = r.mapping();
+        // SAFETY: the ring outlives the registration.
+        match unsafe { cuda::register::HostRegistration::new(&dev, base, l, false) } {
+            Ok(reg) => match reg.device_ptr_of(r.slot_ptr(0)) {
+                Some(ptr) => hr = measure("host ring (registered, over the bus)", ptr),
+                None => println!("| host ring | no device address | |"),
+            },
+            Err(e) => println!("| host ring | {e} | |"),
+        }
+    }
+    if let Ok((_buf, ptr)) = &plain {
+        p = measure("plain device memory (the limit)", *ptr);
+    }
+    println!(
+        "\nDevice ring: {:.0} % of plain device memory (cudasum kernel), {:.1}x the host ring; on {}",
+        d.0 / p.0.max(1e-9) * 100.0,
+        d.0 / hr.0.max(1e-9),
+        dev.name
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     gst::init().expect("gst::init");
@@ -1151,6 +1244,10 @@ fn main() {
         }
         Some("gpu") => {
             gpu_mode();
+            Ok(())
+        }
+        Some("device-ring") => {
+            device_ring_mode();
             Ok(())
         }
         Some("latency") => {
