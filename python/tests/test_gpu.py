@@ -159,6 +159,7 @@ import gpushm
 
 with gpushm.Publisher(sys.argv[1], "GRAY8", 640, 480, fps=30, slots=4, cuda_device=0) as pub:
     assert pub.on_device
+    print("READY", flush=True)
     deadline = time.monotonic() + 30
     while pub.num_clients < 1 and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -184,7 +185,9 @@ def test_a_device_ring_reaches_torch_in_place_in_another_process(sock):
 
     producer = subprocess.Popen([sys.executable, "-c", DEVICE_PRODUCER, sock], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(sock, 30)
+        # Once its ring is in GPU memory (a consumer that connects before is let go when the
+        # ring comes, told why).
+        assert producer.stdout.readline().strip() == "READY", producer.stderr.read()
         with pytest.raises(Exception, match="GPU memory"):
             gpushm.Subscriber(sock)
         with gpushm.Subscriber(sock, device_memory=True, mode="lossless", timeout=20) as sub:
