@@ -65,6 +65,25 @@ pub enum CudaRegister {
     Never = 2,
 }
 
+/// Where gpushmsink keeps its ring's pixels.
+#[derive(Debug, Eq, PartialEq, Ord, PartialOrd, Hash, Clone, Copy, glib::Enum)]
+#[repr(u32)]
+#[enum_type(name = "GstGpuShmRing")]
+pub enum RingPlacement {
+    #[enum_value(
+        name = "Host memory (a memfd, registered with CUDA where asked): every consumer",
+        nick = "host"
+    )]
+    Host = 0,
+    #[enum_value(
+        name = "GPU memory of cuda-device-id (a device ring): consumers read frames on the GPU",
+        nick = "device"
+    )]
+    Device = 1,
+    #[enum_value(name = "Host memory for now (system-memory input)", nick = "auto")]
+    Auto = 2,
+}
+
 /// The meta's API type, for ALLOCATION queries:
 /// `query.add_allocation_meta::<CudaMetaApi>(None)`, `query.find_allocation_meta::<CudaMetaApi>()`.
 pub struct CudaMetaApi;

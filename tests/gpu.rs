@@ -544,13 +544,56 @@ fn gpu_writable_ring_fallback_reads_in_place() {
     }
 }
 
+/// `frames` (buffers with their caps) are those videotestsrc renders with `pattern` in
+/// `format` at `w`×`h` into system memory, row for row (strides may differ).
+fn assert_same_as_videotestsrc(
+    frames: &[(gst::Buffer, gst::Caps)],
+    pattern: &str,
+    format: &str,
+    w: u32,
+    h: u32,
+) {
+    use gst_video::prelude::*;
+    let (reference, _) = run(&format!(
+        "videotestsrc num-buffers={} {pattern} ! video/x-raw,format={format},width={w},height={h},framerate=30/1 \
+         ! appsink name=out sync=false max-buffers=0",
+        frames.len()
+    ));
+    assert_eq!(reference.len(), frames.len());
+    for (i, ((a, caps), (b, _))) in frames.iter().zip(reference.iter()).enumerate() {
+        assert!(
+            caps.features(0)
+                .is_none_or(|f| !f.contains("memory:CUDAMemory")),
+            "{caps}"
+        );
+        let info = gst_video::VideoInfo::from_caps(caps).unwrap();
+        let fa = gst_video::VideoFrameRef::from_buffer_ref_readable(a.as_ref(), &info).unwrap();
+        let fb = gst_video::VideoFrameRef::from_buffer_ref_readable(b.as_ref(), &info).unwrap();
+        for p in 0..info.n_planes() {
+            let rows = info.comp_height(p as u8) as usize;
+            let row_bytes = (info.comp_width(p as u8) * info.comp_pstride(p as u8) as u32) as usize;
+            let (da, db) = (fa.plane_data(p).unwrap(), fb.plane_data(p).unwrap());
+            let (sa, sb) = (
+                fa.plane_stride()[p as usize] as usize,
+                fb.plane_stride()[p as usize] as usize,
+            );
+            for y in 0..rows {
+                assert_eq!(
+                    &da[y * sa..y * sa + row_bytes],
+                    &db[y * sb..y * sb + row_bytes],
+                    "frame {i}, plane {p}, row {y}"
+                );
+            }
+        }
+    }
+}
+
 /// The line a user writes first, `cudaupload ! cudadownload ! gpushmsink` with no capsfilter,
 /// works: cudadownload sees that the sink takes system memory only and downloads (it used to
 /// pass CUDA memory through, which the sink then refused). Frames arrive intact at a consumer.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter() {
-    use gst_video::prelude::*;
     gpu("cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter");
     for e in ["cudaupload", "cudadownload"] {
         assert!(
@@ -584,38 +627,7 @@ fn cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter() {
         _ => panic!("the producer did not finish"),
     }
     assert_eq!(frames.len(), 30);
-    // The same frames rendered straight into system memory.
-    let (reference, _) = run(
-        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
-         ! appsink name=out sync=false max-buffers=0",
-    );
-    for (i, ((a, caps), (b, _))) in frames.iter().zip(reference.iter()).enumerate() {
-        assert!(
-            caps.features(0)
-                .is_none_or(|f| !f.contains("memory:CUDAMemory")),
-            "{caps}"
-        );
-        let info = gst_video::VideoInfo::from_caps(caps).unwrap();
-        let fa = gst_video::VideoFrameRef::from_buffer_ref_readable(a.as_ref(), &info).unwrap();
-        let fb = gst_video::VideoFrameRef::from_buffer_ref_readable(b.as_ref(), &info).unwrap();
-        // NV12: both planes hold `width` bytes per row.
-        let w = info.width() as usize;
-        for p in 0..info.n_planes() {
-            let h = info.comp_height(p as u8) as usize;
-            let (da, db) = (fa.plane_data(p).unwrap(), fb.plane_data(p).unwrap());
-            let (sa, sb) = (
-                fa.plane_stride()[p as usize] as usize,
-                fb.plane_stride()[p as usize] as usize,
-            );
-            for y in 0..h {
-                assert_eq!(
-                    &da[y * sa..y * sa + w],
-                    &db[y * sb..y * sb + w],
-                    "frame {i}, plane {p}, row {y}"
-                );
-            }
-        }
-    }
+    assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
 }
 
 /// Issue 28, device rings: a producer process keeps its ring in GPU memory (CUDA virtual
@@ -722,4 +734,78 @@ fn a_device_ring_consumer_frees_the_gpu_memory_after_its_producer_is_killed() {
         num(&mem, "released") >= num(&mem, "holding") + 32.0,
         "the ring's GPU memory stayed allocated after the consumer let go:\n{text}"
     );
+}
+
+/// `gpushmsink ring=device` where no GPU can be used (hidden, so that this runs the same on
+/// GPU machines) is an error that says why, at the first caps.
+#[test]
+fn ring_device_without_a_gpu_is_a_clear_error() {
+    if !without_gpu("ring_device_without_a_gpu_is_a_clear_error") {
+        return;
+    }
+    init();
+    let dir = tmpdir();
+    let p = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=3 ! video/x-raw,format=GRAY8,width=64,height=48 ! gpushmsink ring=device socket-path={}",
+        dir.path().join("nogpu.sock").display()
+    ))
+    .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let m = p
+        .bus()
+        .unwrap()
+        .timed_pop_filtered(
+            gst::ClockTime::from_seconds(10),
+            &[gst::MessageType::Error, gst::MessageType::Eos],
+        )
+        .expect("an error message");
+    let gst::MessageView::Error(err) = m.view() else {
+        panic!("no error: {m:?}")
+    };
+    let text = err.error().to_string();
+    assert!(text.contains("ring=device needs a CUDA GPU"), "{text}");
+    p.set_state(gst::State::Null).unwrap();
+}
+
+/// `gpushmsink ring=device` in one process, `gpushmsrc ! appsink` in another pipeline: the
+/// frames went through GPU memory (a device ring: one host-to-device copy in the sink, one
+/// device-to-host copy in gpushmsrc) and arrive equal to videotestsrc's, row for row.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
+    gpu("gpushmsrc_reads_a_sinks_device_ring_into_system_memory");
+    let dir = tmpdir();
+    let sock = dir.path().join("sink-dev.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+         ! gpushmsink ring=device socket-path={} wait-for-connection=true",
+        sock.display()
+    ))
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    // The ring is in GPU memory: a consumer that did not ask for GPU memory is told so (at
+    // once, or when the ring comes if it connected before the caps).
+    let refused = gpushm::client::Subscriber::connect(&sock, Default::default())
+        .and_then(|mut s| s.next_frame(Some(Duration::from_secs(10))).map(|_| ()));
+    let why = refused
+        .expect_err("a host-only consumer of a device ring")
+        .to_string();
+    assert!(why.contains("GPU memory"), "{why}");
+    let (frames, _) = run(&format!(
+        "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
+        sock.display()
+    ));
+    let end = producer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(20),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    producer.set_state(gst::State::Null).unwrap();
+    match end.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Eos(_)) => {}
+        Some(gst::MessageView::Error(e)) => panic!("producer: {} {:?}", e.error(), e.debug()),
+        _ => panic!("the producer did not finish"),
+    }
+    assert_eq!(frames.len(), 30);
+    assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
 }

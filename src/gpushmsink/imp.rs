@@ -41,7 +41,7 @@ use once_cell::sync::Lazy;
 use super::pool::Server;
 use super::pool::SlotPool;
 use crate::cuda::Selected;
-use crate::cudameta::CudaRegister;
+use crate::cudameta::{CudaRegister, RingPlacement};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
 use crate::ring::producer::{FrameMeta, TimeCode};
 use crate::ring::publisher::{Config, Event, Policy, Published};
@@ -78,6 +78,7 @@ struct Settings {
     slots: u32,
     cuda_device: i32,
     cuda_register: CudaRegister,
+    ring: RingPlacement,
     max_wait: i64,
     client_budget: u32,
     max_clients: u32,
@@ -94,6 +95,7 @@ impl Default for Settings {
             slots: DEFAULT_SLOTS,
             cuda_device: DEFAULT_CUDA_DEVICE,
             cuda_register: CudaRegister::Auto,
+            ring: RingPlacement::Auto,
             max_wait: DEFAULT_MAX_WAIT,
             client_budget: DEFAULT_CLIENT_BUDGET,
             max_clients: DEFAULT_MAX_CLIENTS,
@@ -347,9 +349,21 @@ impl GpuShmSink {
             gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", msg));
             return Err(gst::loggable_error!(CAT, "{}", msg));
         }
-        let (slots, max_buffer) = {
+        let (slots, max_buffer, placement, cuda_device) = {
             let s = self.settings();
-            (s.slots, s.max_buffer_size as u64)
+            (s.slots, s.max_buffer_size as u64, s.ring, s.cuda_device)
+        };
+        // A device ring: its GPU, found before anything changes.
+        let ring_device = match placement {
+            RingPlacement::Device => match crate::cuda::device(cuda_device) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    let msg = format!("ring=device needs a CUDA GPU: {e}");
+                    gst::element_imp_error!(self, gst::ResourceError::Settings, ("{}", msg));
+                    return Err(gst::loggable_error!(CAT, "{}", msg));
+                }
+            },
+            RingPlacement::Host | RingPlacement::Auto => None,
         };
         let slot_size = match &info {
             Some(info) => info.size() as u64,
@@ -406,7 +420,12 @@ impl GpuShmSink {
             (None, None, Some(r)) if cur_caps.is_some() => slot_size.max(r.slot_size()),
             _ => slot_size,
         };
-        let ring = match server.new_ring(slots, slot_size, &caps_str, requeue) {
+        let place = |r: &crate::ring::producer::ProducerRing| match &ring_device {
+            Some(dev) => crate::cuda::vmm::place_ring(r, dev)
+                .map_err(|e| crate::ring::Error::Invalid(format!("GPU memory: {e}"))),
+            None => Ok(()),
+        };
+        let ring = match server.new_ring_with(slots, slot_size, &caps_str, requeue, &place) {
             Ok(r) => r,
             Err(e) => {
                 gst::element_imp_error!(
@@ -429,7 +448,10 @@ impl GpuShmSink {
             imp = self,
             "new ring of {slots} slots of {slot_size} bytes for {caps}"
         );
-        if let (Some(dev), Some(ring)) = (cuda.as_ref(), new_pool.ring()) {
+        if let (Some(dev), Some(ring)) = (
+            cuda.as_ref(),
+            new_pool.ring().filter(|r| r.device().is_none()),
+        ) {
             if let Err(why) = super::pool::register_ring(dev, &ring) {
                 gst::warning!(CAT, imp = self, "{why}");
             }
@@ -716,6 +738,11 @@ impl ObjectImpl for GpuShmSink {
                     .blurb("When to register the rings with CUDA (once per ring) so that pool buffers carry GpuShmCudaMeta and CUDA elements upstream render into the slots. auto: only when an upstream element sets the pool option GstBufferPoolOptionGpuShmCudaMeta, so a process that does not use the GPU creates no CUDA context; always: whenever a GPU is found; never")
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecEnum::builder_with_default("ring", RingPlacement::Auto)
+                    .nick("Ring placement")
+                    .blurb("Where the ring's pixels live. host: a shared-memory ring every consumer maps; device: GPU memory of cuda-device-id (CUDA virtual memory, exported once per ring), read in place by consumers' kernels (the Python Subscriber with device_memory=True, the gpushm crate) and copied to system memory by gpushmsrc; each frame is copied there from system memory (one host-to-device copy); auto: host (input in system memory)")
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecInt64::builder("max-wait")
                     .nick("Max wait")
                     .blurb("How long a lossless consumer that takes no frames may hold the producer up, in nanoseconds. Past it the consumer is marked lagging (a warning is posted the first time): the frames it did not take go back, and it is served like a leaky one, never waited for, until it takes frames again. A consumer that is merely slow holds the producer to its pace. -1 = one frame duration (40 to 200 ms) for a live stream, so the other consumers see frames at most that late, 1 s otherwise; 0 = never wait (a lossless consumer at its budget is marked lagging at once). Consumers that keep frames downstream never hold the producer up: gpushmsrc copies what they keep beyond their budget")
@@ -794,6 +821,7 @@ impl ObjectImpl for GpuShmSink {
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
+            "ring" => s.ring = value.get().expect("type checked"),
             "cuda-register" => s.cuda_register = value.get().expect("type checked"),
             "max-wait" => s.max_wait = value.get().expect("type checked"),
             "client-budget" => s.client_budget = value.get().expect("type checked"),
@@ -822,6 +850,7 @@ impl ObjectImpl for GpuShmSink {
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),
+            "ring" => self.settings().ring.to_value(),
             "cuda-register" => self.settings().cuda_register.to_value(),
             "max-wait" => self.settings().max_wait.to_value(),
             "client-budget" => self.settings().client_budget.to_value(),
@@ -1147,6 +1176,23 @@ impl BaseSinkImpl for GpuShmSink {
                 meta.payload_size = buffer.size() as u64;
             }
             meta.live = live;
+            if let Some(mem) = crate::cuda::vmm::of(ring.attachment()) {
+                // A device ring: the frame, in the slot's host bytes, goes to the GPU.
+                let n = (meta.payload_size as usize).min(ring.slot_size() as usize);
+                // SAFETY: the slot is ours until published, and n bytes long at most.
+                let src = unsafe { std::slice::from_raw_parts(ring.slot_ptr(slot), n) };
+                let copied = crate::cuda::vmm::device_ptr_of_slot(&ring, slot)
+                    .ok_or_else(|| "the slot is outside the ring's GPU memory".to_string())
+                    .and_then(|dst| mem.copy_from_host(dst, src).map_err(|e| e.0));
+                if let Err(e) = copied {
+                    gst::element_imp_error!(
+                        self,
+                        gst::ResourceError::Write,
+                        ("Copying a frame to GPU memory failed: {}", e)
+                    );
+                    return Err(gst::FlowError::Error);
+                }
+            }
             server
                 .publish_frame(gen, slot, meta, policy, wait)
                 .map_err(|e| {

@@ -708,8 +708,9 @@ impl BaseSrcImpl for GpuShmSrc {
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
             producer_uid: u32::try_from(s.producer_uid).ok(),
-            // Device rings come to gpushmsrc later (issue 28): it is turned away, saying why.
-            device_memory: false,
+            // A producer's device ring (frames in GPU memory) is mapped, and each frame copied
+            // to system memory for downstream.
+            device_memory: true,
         };
         // Connecting (and waiting for a producer) happens in the receiver thread: a pipeline
         // can be stopped while it waits.
