@@ -1679,13 +1679,15 @@ fn only_the_plain_monotonic_system_clock_is_taken_for_clock_monotonic() {
 
 /// A caps query never offers what the sink then refuses: with a filter it answers the filter
 /// less its device-memory structures (so that cudadownload, gldownload or nvvidconv before it
-/// pick system memory without a capsfilter), without one ANY; accept-caps agrees.
+/// pick system memory without a capsfilter), without one ANY; accept-caps agrees. With
+/// ring=device, raw video in CUDA memory is taken too.
 #[test]
 fn the_sink_answers_caps_queries_with_system_memory_only() {
     init();
     let dir = tmpdir();
     let sink = gst::ElementFactory::make("gpushmsink")
         .property("socket-path", dir.path().join("q.sock").to_str().unwrap())
+        .property_from_str("ring", "host")
         .build()
         .unwrap();
     let pad = sink.static_pad("sink").unwrap();
@@ -1713,4 +1715,15 @@ fn the_sink_answers_caps_queries_with_system_memory_only() {
         .unwrap();
     assert!(!pad.query_accept_caps(&cuda));
     assert!(pad.query_accept_caps(&system));
+    // ring=device takes raw video in CUDA memory too (copied on the GPU into its ring).
+    sink.set_property_from_str("ring", "device");
+    let got = pad.query_caps(Some(&filter));
+    let expected: gst::Caps = "video/x-raw(memory:CUDAMemory), format=NV12, width=64, height=48; \
+         video/x-raw, format=NV12, width=64, height=48; \
+         video/x-raw(memory:SystemMemory, meta:GstVideoOverlayComposition), format=RGBA; \
+         video/x-raw, format=GRAY8; audio/x-raw, rate=48000"
+        .parse()
+        .unwrap();
+    assert!(got.is_strictly_equal(&expected), "{got}");
+    assert!(pad.query_accept_caps(&cuda));
 }

@@ -553,12 +553,18 @@ fn assert_same_as_videotestsrc(
     w: u32,
     h: u32,
 ) {
-    use gst_video::prelude::*;
     let (reference, _) = run(&format!(
         "videotestsrc num-buffers={} {pattern} ! video/x-raw,format={format},width={w},height={h},framerate=30/1 \
          ! appsink name=out sync=false max-buffers=0",
         frames.len()
     ));
+    assert_same_frames(frames, &reference);
+}
+
+/// `frames` and `reference` hold the same pictures, row for row (strides may differ), in
+/// system memory.
+fn assert_same_frames(frames: &[(gst::Buffer, gst::Caps)], reference: &[(gst::Buffer, gst::Caps)]) {
+    use gst_video::prelude::*;
     assert_eq!(reference.len(), frames.len());
     for (i, ((a, caps), (b, _))) in frames.iter().zip(reference.iter()).enumerate() {
         assert!(
@@ -808,4 +814,109 @@ fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
     }
     assert_eq!(frames.len(), 30);
     assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
+}
+
+/// Runs `launch` (a producer ending in gpushmsink) until `consumer` (a pipeline with an
+/// `appsink name=out`) got its frames and the producer its EOS; checks on the way that the
+/// ring is in GPU memory (a consumer that did not ask for GPU memory is told so). Returns the
+/// consumer's frames.
+fn through_a_device_ring(
+    launch: &str,
+    sock: &std::path::Path,
+    consumer: &str,
+) -> Vec<(gst::Buffer, gst::Caps)> {
+    let producer = gst::parse::launch(launch).unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(sock, Duration::from_secs(10));
+    let refused = gpushm::client::Subscriber::connect(sock, Default::default())
+        .and_then(|mut s| s.next_frame(Some(Duration::from_secs(10))).map(|_| ()));
+    let why = refused
+        .expect_err("a host-only consumer of a device ring")
+        .to_string();
+    assert!(
+        why.contains("GPU memory"),
+        "the ring is not in GPU memory: {why}"
+    );
+    let (frames, _) = run(consumer);
+    let end = producer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    producer.set_state(gst::State::Null).unwrap();
+    match end.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Eos(_)) => {}
+        Some(gst::MessageView::Error(e)) => panic!("producer: {} {:?}", e.error(), e.debug()),
+        _ => panic!("the producer did not finish"),
+    }
+    frames
+}
+
+/// CUDA memory in: `cudaupload ! gpushmsink` (ring=auto, the default) takes
+/// video/x-raw(memory:CUDAMemory) into a device ring with one device-to-device copy per frame
+/// (no host round trip); gpushmsrc's frames equal videotestsrc's.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
+    gpu("cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu");
+    let dir = tmpdir();
+    let sock = dir.path().join("cuda-in.sock");
+    let frames = through_a_device_ring(
+        &format!(
+            "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+             ! cudaupload ! gpushmsink socket-path={} wait-for-connection=true",
+            sock.display()
+        ),
+        &sock,
+        &format!(
+            "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
+            sock.display()
+        ),
+    );
+    assert_eq!(frames.len(), 30);
+    assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
+}
+
+/// The line from the issue: `nvh264dec ! gpushmsink`, no cudadownload, no capsfilter. The
+/// decoded frames stay on the GPU (a device ring) and reach a gpushmsrc consumer equal to
+/// a software decoder's, frame for frame.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
+    gpu("nvh264dec_into_gpushmsink_decodes_into_a_device_ring");
+    assert!(
+        gst::ElementFactory::find("nvh264dec").is_some(),
+        "nvh264dec is missing: carry Debian's libgstnvcodec.so (scripts/device-pack.sh does)"
+    );
+    let soft = ["avdec_h264", "openh264dec"]
+        .into_iter()
+        .find(|e| gst::ElementFactory::find(e).is_some())
+        .expect("a software H.264 decoder (avdec_h264 or openh264dec)");
+    let dir = tmpdir();
+    let file = dir.path().join("ball.h264");
+    run(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=I420,width=320,height=240,framerate=30/1 \
+         ! x264enc ! video/x-h264,profile=constrained-baseline ! h264parse ! filesink location={}",
+        file.display()
+    ));
+    let sock = dir.path().join("nvdec.sock");
+    let frames = through_a_device_ring(
+        &format!(
+            "filesrc location={} ! h264parse ! nvh264dec ! gpushmsink socket-path={} wait-for-connection=true",
+            file.display(),
+            sock.display()
+        ),
+        &sock,
+        &format!(
+            "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! videoconvert ! video/x-raw,format=I420 \
+             ! appsink name=out sync=false max-buffers=0",
+            sock.display()
+        ),
+    );
+    let (reference, _) = run(&format!(
+        "filesrc location={} ! h264parse ! {soft} ! videoconvert ! video/x-raw,format=I420 \
+         ! appsink name=out sync=false max-buffers=0",
+        file.display()
+    ));
+    assert_eq!(frames.len(), 30);
+    assert_same_frames(&frames, &reference);
 }

@@ -67,6 +67,10 @@ const DEFAULT_MAX_CLIENTS: u32 = 64;
 const DEFAULT_ALLOW_WRITABLE_RING: bool = false;
 /// Slot size for caps other than raw video (encoded video, audio, RTP, data).
 const DEFAULT_MAX_BUFFER_SIZE: u32 = 1 << 20;
+/// GstMapFlags GST_MAP_CUDA (gst/cuda/gstcudamemory.h, 1.22: GST_MAP_FLAG_LAST << 1): map
+/// GstCudaMemory to its device address.
+const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
+
 /// Caps travel in one control message.
 const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
 
@@ -222,6 +226,116 @@ impl GpuShmSink {
             .build()
     }
 
+    /// Whether raw video in CUDA memory is taken: into a device ring, with ring=device, or
+    /// with ring=auto on a discrete GPU (on Jetson the host ring is the GPU's memory).
+    fn takes_cuda_memory(&self) -> bool {
+        let (ring, id) = {
+            let s = self.settings();
+            (s.ring, s.cuda_device)
+        };
+        match ring {
+            RingPlacement::Host => false,
+            RingPlacement::Device => true,
+            RingPlacement::Auto => crate::cuda::device(id).is_ok_and(|d| !d.integrated),
+        }
+    }
+
+    /// Copies a frame in CUDA memory (`buffer`, mapped for CUDA) into a free slot of the
+    /// device ring, plane by plane on the GPU; returns the pool buffer of that slot.
+    fn copy_cuda_into_slot(
+        &self,
+        pool: &SlotPool,
+        info: &gst_video::VideoInfo,
+        caps: &gst::Caps,
+        buffer: &gst::Buffer,
+    ) -> Result<gst::Buffer, gst::FlowError> {
+        self.activate(pool, Some(info), caps)?;
+        let out = pool.acquire_buffer(None)?;
+        let ring = pool.ring().ok_or(gst::FlowError::Error)?;
+        let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
+        let fail = |msg: String| {
+            gst::element_imp_error!(self, gst::ResourceError::Write, ("{}", msg));
+            gst::FlowError::Error
+        };
+        let (mem, dst) = crate::cuda::vmm::of(ring.attachment())
+            .zip(crate::cuda::vmm::device_ptr_of_slot(&ring, slot))
+            .ok_or_else(|| fail("CUDA memory input needs a device ring".into()))?;
+        // The source planes where the buffer's VideoMeta (or the caps) put them.
+        let (offsets, strides): (Vec<usize>, Vec<i32>) = match buffer.meta::<gst_video::VideoMeta>()
+        {
+            Some(m) => (m.offset().to_vec(), m.stride().to_vec()),
+            None => (info.offset().to_vec(), info.stride().to_vec()),
+        };
+        let mut planes = Vec::new();
+        for p in 0..info.n_planes() as usize {
+            let rows = info.comp_height(p as u8) as usize;
+            let row_bytes = info.comp_width(p as u8) as usize * info.comp_pstride(p as u8) as usize;
+            let (so, ss) = (
+                *offsets.get(p).ok_or(gst::FlowError::Error)?,
+                *strides.get(p).ok_or(gst::FlowError::Error)?,
+            );
+            planes.push(crate::cuda::vmm::Plane2d {
+                src_offset: so as u64,
+                src_pitch: ss.max(0) as u64,
+                dst_offset: info.offset()[p] as u64,
+                dst_pitch: info.stride()[p].max(0) as u64,
+                row_bytes: row_bytes as u64,
+                rows: rows as u64,
+            });
+        }
+        // SAFETY: GST_MAP_CUDA maps GstCudaMemory to its device address; the map is undone
+        // below, after the copy finished (it is synchronous).
+        unsafe {
+            let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+            if gst::glib::ffi::GFALSE
+                == gst::ffi::gst_buffer_map(
+                    buffer.as_mut_ptr(),
+                    map.as_mut_ptr(),
+                    gst::ffi::GST_MAP_READ | GST_MAP_CUDA,
+                )
+            {
+                return Err(fail("Could not map a buffer in CUDA memory".into()));
+            }
+            let mut map = map.assume_init();
+            let src = map.data as u64;
+            let copied = mem.copy_planes_from_device(dst, src, map.size as u64, &planes);
+            gst::ffi::gst_buffer_unmap(buffer.as_mut_ptr(), &mut map);
+            copied.map_err(|e| fail(format!("Copying a frame from CUDA memory failed: {e}")))?;
+        }
+        Ok(out)
+    }
+
+    /// Activates the ring's pool for `caps` if it is not yet (it is when upstream renders
+    /// into it).
+    fn activate(
+        &self,
+        pool: &SlotPool,
+        info: Option<&gst_video::VideoInfo>,
+        caps: &gst::Caps,
+    ) -> Result<(), gst::FlowError> {
+        if pool.is_active() {
+            return Ok(());
+        }
+        let size = match info {
+            Some(info) => info.size() as u32,
+            None => pool.ring().map_or(0, |r| r.slot_size() as u32),
+        };
+        let mut config = pool.config();
+        config.set_params(Some(caps), size, 0, 0);
+        if info.is_some() {
+            config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+        }
+        if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Failed,
+                ("Could not activate the ring's buffer pool")
+            );
+            return Err(gst::FlowError::Error);
+        }
+        Ok(())
+    }
+
     /// Copies `buffer` into a free slot of the pool; returns the pool buffer. Raw video
     /// (`info`) laid out as the caps say is copied in one piece, other layouts plane by plane
     /// into the pool's layout; anything else byte for byte.
@@ -232,25 +346,7 @@ impl GpuShmSink {
         caps: &gst::Caps,
         buffer: &gst::Buffer,
     ) -> Result<gst::Buffer, gst::FlowError> {
-        if !pool.is_active() {
-            let size = match info {
-                Some(info) => info.size() as u32,
-                None => pool.ring().map_or(0, |r| r.slot_size() as u32),
-            };
-            let mut config = pool.config();
-            config.set_params(Some(caps), size, 0, 0);
-            if info.is_some() {
-                config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
-            }
-            if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
-                gst::element_imp_error!(
-                    self,
-                    gst::ResourceError::Failed,
-                    ("Could not activate the ring's buffer pool")
-                );
-                return Err(gst::FlowError::Error);
-            }
-        }
+        self.activate(pool, info, caps)?;
         let mut out = pool.acquire_buffer(None)?;
         let map_failed = |_| {
             gst::element_imp_error!(
@@ -332,7 +428,8 @@ impl GpuShmSink {
     /// (announced to every client like a caps change) when the caps change or a buffer does
     /// not fit the current slots.
     fn make_ring(&self, caps: &gst::Caps, min_slot: u64) -> Result<(), gst::LoggableError> {
-        let info = match stream_kind(caps) {
+        let cuda_caps = caps.features(0).is_some_and(cuda_memory);
+        let info = match stream_kind(caps, self.takes_cuda_memory()) {
             Ok(info) => info,
             Err(msg) => {
                 gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", msg));
@@ -359,6 +456,14 @@ impl GpuShmSink {
                 Ok(d) => Some(d),
                 Err(e) => {
                     let msg = format!("ring=device needs a CUDA GPU: {e}");
+                    gst::element_imp_error!(self, gst::ResourceError::Settings, ("{}", msg));
+                    return Err(gst::loggable_error!(CAT, "{}", msg));
+                }
+            },
+            RingPlacement::Auto if cuda_caps => match crate::cuda::device(cuda_device) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    let msg = format!("CUDA memory input needs a CUDA GPU: {e}");
                     gst::element_imp_error!(self, gst::ResourceError::Settings, ("{}", msg));
                     return Err(gst::loggable_error!(CAT, "{}", msg));
                 }
@@ -578,11 +683,22 @@ impl GpuShmSink {
 /// layout (`Some`); anything else (encoded video, audio, RTP, data) travels as opaque buffers
 /// of any size (`None`). Buffers in device memory (NVMM, DMABuf, GL) cannot be shared by
 /// mapping them: an error that says what to do.
-fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, String> {
+fn stream_kind(caps: &gst::CapsRef, cuda: bool) -> Result<Option<gst_video::VideoInfo>, String> {
     let (Some(st), Some(features)) = (caps.structure(0), caps.features(0)) else {
         return Err(format!("Caps {caps} describe no stream"));
     };
-    if !system_memory(features) {
+    if cuda_memory(features) && !cuda {
+        return Err(format!(
+            "gpushmsink ring=host shares buffers in system memory; caps with {CUDA_MEMORY} are GPU memory: use ring=device (or auto) on a discrete GPU, or download first (cudadownload)"
+        ));
+    }
+    if cuda_memory(features) && st.name() != "video/x-raw" {
+        return Err(format!(
+            "{CUDA_MEMORY} is taken for raw video only, not {}",
+            st.name()
+        ));
+    }
+    if !system_memory(features) && !cuda_memory(features) {
         if let Some(f) = features.iter().find(|f| f.starts_with("memory:")) {
             return Err(format!(
                 "gpushmsink shares buffers in system memory; caps with {f} are device memory: convert or download first (nvvidconv on Jetson, cudadownload, gldownload)"
@@ -604,6 +720,17 @@ fn stream_kind(caps: &gst::CapsRef) -> Result<Option<gst_video::VideoInfo>, Stri
     }
 }
 
+/// The caps feature of buffers in CUDA device memory (GStreamer's nvcodec elements).
+const CUDA_MEMORY: &str = "memory:CUDAMemory";
+
+/// Whether caps `features` are CUDA device memory (`memory:CUDAMemory`, nothing else that is
+/// memory).
+fn cuda_memory(features: &gst::CapsFeaturesRef) -> bool {
+    !features.is_any()
+        && features.contains(CUDA_MEMORY)
+        && features.iter().filter(|f| f.starts_with("memory:")).count() == 1
+}
+
 /// Whether caps `features` are memory gpushmsink takes: system memory (no memory feature,
 /// or memory:SystemMemory), whatever else they name (meta features).
 fn system_memory(features: &gst::CapsFeaturesRef) -> bool {
@@ -619,7 +746,8 @@ fn system_memory(features: &gst::CapsFeaturesRef) -> bool {
 /// without its device-memory structures (`ANY` features become system memory): an element
 /// before the sink that can give either (cudadownload, gldownload, nvvidconv) then picks
 /// system memory without a capsfilter, and no query offers what `set_caps` would refuse.
-fn acceptable_caps(filter: Option<&gst::Caps>) -> gst::Caps {
+/// With `cuda` (a device ring takes them), raw video in CUDA memory is kept too.
+fn acceptable_caps(filter: Option<&gst::Caps>, cuda: bool) -> gst::Caps {
     let Some(filter) = filter else {
         return gst::Caps::new_any();
     };
@@ -632,7 +760,9 @@ fn acceptable_caps(filter: Option<&gst::Caps>) -> gst::Caps {
         for (st, features) in filter.iter_with_features() {
             if features.is_any() {
                 out.append_structure_full(st.to_owned(), None);
-            } else if system_memory(features) {
+            } else if system_memory(features)
+                || (cuda && cuda_memory(features) && st.name() == "video/x-raw")
+            {
                 out.append_structure_full(st.to_owned(), Some(features.to_owned()));
             }
         }
@@ -896,14 +1026,22 @@ impl ElementImpl for GpuShmSink {
 
 impl BaseSinkImpl for GpuShmSink {
     fn caps(&self, filter: Option<&gst::Caps>) -> Option<gst::Caps> {
-        Some(acceptable_caps(filter))
+        // CUDA memory is worth a look (and a CUDA context) only when upstream offers it.
+        let offered = filter.is_some_and(|f| {
+            !f.is_any() && f.iter_with_features().any(|(_, feat)| cuda_memory(feat))
+        });
+        Some(acceptable_caps(filter, offered && self.takes_cuda_memory()))
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         // GstBaseSink checks accept-caps against its unfiltered caps (ANY here): device
         // memory is refused here as in set_caps.
         if let gst::QueryViewMut::AcceptCaps(q) = query.view_mut() {
-            if !q.caps().iter_with_features().all(|(_, f)| system_memory(f)) {
+            let cuda = q.caps().iter_with_features().any(|(_, f)| cuda_memory(f))
+                && self.takes_cuda_memory();
+            if !q.caps().iter_with_features().all(|(st, f)| {
+                system_memory(f) || (cuda && cuda_memory(f) && st.name() == "video/x-raw")
+            }) {
                 q.set_result(false);
                 return true;
             }
@@ -1171,12 +1309,16 @@ impl BaseSinkImpl for GpuShmSink {
             (s.wait_for_connection, Self::policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
+        // GstCudaMemory (nvcodec's allocator, GST_CUDA_MEMORY_TYPE_NAME).
+        let cuda_input = buffer.n_memory() > 0 && buffer.peek_memory(0).is_type("gst.cuda.memory");
         let publish = |slot: u32, mut meta: FrameMeta| {
             if info.is_none() {
                 meta.payload_size = buffer.size() as u64;
             }
             meta.live = live;
-            if let Some(mem) = crate::cuda::vmm::of(ring.attachment()) {
+            if cuda_input {
+                // Copied on the GPU already (copy_cuda_into_slot).
+            } else if let Some(mem) = crate::cuda::vmm::of(ring.attachment()) {
                 // A device ring: the frame, in the slot's host bytes, goes to the GPU.
                 let n = (meta.payload_size as usize).min(ring.slot_size() as usize);
                 // SAFETY: the slot is ours until published, and n bytes long at most.
@@ -1220,7 +1362,10 @@ impl BaseSinkImpl for GpuShmSink {
                 }
             }
         }
-        let mut out = self.copy_into_slot(&pool, info.as_deref(), &caps_of()?, buffer)?;
+        let mut out = match (&info, cuda_input) {
+            (Some(i), true) => self.copy_cuda_into_slot(&pool, i, &caps_of()?, buffer)?,
+            _ => self.copy_into_slot(&pool, info.as_deref(), &caps_of()?, buffer)?,
+        };
         server.count_copy();
         let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
         gst::trace!(CAT, imp = self, "copied a foreign buffer into slot {slot}");

@@ -340,6 +340,108 @@ impl DeviceMemory {
     }
 }
 
+/// One plane of a 2-D copy: `rows` rows of `row_bytes`, from `src_offset` (rows `src_pitch`
+/// apart) to `dst_offset` (rows `dst_pitch` apart).
+#[derive(Debug, Clone, Copy)]
+pub struct Plane2d {
+    pub src_offset: u64,
+    pub src_pitch: u64,
+    pub dst_offset: u64,
+    pub dst_pitch: u64,
+    pub row_bytes: u64,
+    pub rows: u64,
+}
+
+impl Plane2d {
+    /// Bytes from the plane's start to the end of its last row, at `pitch`.
+    fn span(&self, pitch: u64) -> Option<u64> {
+        if self.rows == 0 {
+            return Some(0);
+        }
+        (self.rows - 1)
+            .checked_mul(pitch)?
+            .checked_add(self.row_bytes)
+    }
+}
+
+impl DeviceMemory {
+    /// Copies the planes of a frame at device address `src` (`src_len` bytes: another
+    /// element's CUDA memory, in whatever context of this GPU owns it) to `dst` inside this
+    /// allocation, on the GPU. Every plane is checked to lie inside both. Complete when this
+    /// returns.
+    pub fn copy_planes_from_device(
+        &self,
+        dst: u64,
+        src: u64,
+        src_len: u64,
+        planes: &[Plane2d],
+    ) -> Result<()> {
+        if self.read_only {
+            return Err(CudaError(format!("{self:?} cannot be written")));
+        }
+        let end = self.ptr + self.len as u64;
+        for p in planes {
+            let s = p
+                .src_offset
+                .checked_add(p.span(p.src_pitch).unwrap_or(u64::MAX));
+            let d = dst
+                .checked_add(p.dst_offset)
+                .and_then(|d| d.checked_add(p.span(p.dst_pitch)?));
+            if p.row_bytes > p.src_pitch.max(p.row_bytes) || s.is_none_or(|s| s > src_len) {
+                return Err(CudaError(format!(
+                    "a plane {p:?} lies outside the source frame of {src_len} bytes"
+                )));
+            }
+            if dst < self.ptr || d.is_none_or(|d| d > end) || p.row_bytes > p.dst_pitch {
+                return Err(CudaError(format!("a plane {p:?} lies outside {self:?}")));
+            }
+        }
+        // The context that owns the source (GStreamer's CUDA elements make their own): the
+        // copy runs there. This allocation is mapped for the whole device (cuMemSetAccess),
+        // so every context on it reaches it.
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the driver checks `src`.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut ctx as *mut sys::CUcontext as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                src,
+            )
+        };
+        let pushed = r == sys::CUresult::CUDA_SUCCESS && !ctx.is_null();
+        if pushed {
+            // SAFETY: a live context of this process (it owns `src`).
+            check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
+        } else {
+            self.device.ctx.bind_to_thread()?;
+        }
+        let copied = (|| {
+            for p in planes {
+                // SAFETY: plain struct; every field set below or zero.
+                let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+                c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                c.srcDevice = src + p.src_offset;
+                c.srcPitch = p.src_pitch.max(p.row_bytes) as usize;
+                c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+                c.dstDevice = dst + p.dst_offset;
+                c.dstPitch = p.dst_pitch as usize;
+                c.WidthInBytes = p.row_bytes as usize;
+                c.Height = p.rows as usize;
+                // SAFETY: both ranges checked above.
+                check("cuMemcpy2D", unsafe { sys::cuMemcpy2D_v2(&c) })?;
+            }
+            // SAFETY: plain driver call.
+            check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+        })();
+        if pushed {
+            let mut old: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what we pushed.
+            unsafe { sys::cuCtxPopCurrent_v2(&mut old) };
+        }
+        copied
+    }
+}
+
 impl Drop for DeviceMemory {
     fn drop(&mut self) {
         // The last frame can be dropped on any thread.
