@@ -429,7 +429,9 @@ impl GpuShmSink {
     /// not fit the current slots.
     fn make_ring(&self, caps: &gst::Caps, min_slot: u64) -> Result<(), gst::LoggableError> {
         let cuda_caps = caps.features(0).is_some_and(cuda_memory);
-        let info = match stream_kind(caps, self.takes_cuda_memory()) {
+        // (Looked at only for caps in CUDA memory: a process that does not use the GPU loads
+        // no CUDA library.)
+        let info = match stream_kind(caps, cuda_caps && self.takes_cuda_memory()) {
             Ok(info) => info,
             Err(msg) => {
                 gst::element_imp_error!(self, gst::CoreError::Negotiation, ("{}", msg));
