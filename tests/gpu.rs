@@ -851,7 +851,8 @@ fn through_a_device_ring(
     frames
 }
 
-/// CUDA memory in: `cudaupload ! gpushmsink` (ring=auto, the default) takes
+/// CUDA memory in: `cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink` (ring=auto, the
+/// default; without the capsfilter cudaupload passes system memory through) takes
 /// video/x-raw(memory:CUDAMemory) into a device ring with one device-to-device copy per frame
 /// (no host round trip); gpushmsrc's frames equal videotestsrc's.
 #[test]
@@ -863,7 +864,7 @@ fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
     let frames = through_a_device_ring(
         &format!(
             "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
-             ! cudaupload ! gpushmsink socket-path={} wait-for-connection=true",
+             ! cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink socket-path={} wait-for-connection=true",
             sock.display()
         ),
         &sock,
