@@ -830,9 +830,21 @@ fn through_a_device_ring(
     wait_for_path(sock, Duration::from_secs(10));
     let refused = gpushm::client::Subscriber::connect(sock, Default::default())
         .and_then(|mut s| s.next_frame(Some(Duration::from_secs(10))).map(|_| ()));
-    let why = refused
-        .expect_err("a host-only consumer of a device ring")
-        .to_string();
+    let sink_caps = producer
+        .downcast_ref::<gst::Bin>()
+        .and_then(|b| {
+            b.iterate_sinks()
+                .into_iter()
+                .flatten()
+                .next()
+                .and_then(|s| s.static_pad("sink"))
+                .and_then(|p| p.current_caps())
+        })
+        .map(|c| c.to_string());
+    let why = match refused {
+        Ok(()) => panic!("the ring is not in GPU memory: the sink has caps {sink_caps:?}"),
+        Err(e) => e.to_string(),
+    };
     assert!(
         why.contains("GPU memory"),
         "the ring is not in GPU memory: {why}"
