@@ -417,16 +417,25 @@ impl DeviceMemory {
         }
         let copied = (|| {
             for p in planes {
-                // SAFETY: plain struct; every field set below or zero.
-                let mut c: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-                c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                c.srcDevice = src + p.src_offset;
-                c.srcPitch = p.src_pitch.max(p.row_bytes) as usize;
-                c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-                c.dstDevice = dst + p.dst_offset;
-                c.dstPitch = p.dst_pitch as usize;
-                c.WidthInBytes = p.row_bytes as usize;
-                c.Height = p.rows as usize;
+                // (Not zeroed: CUmemorytype has no zero value.)
+                let c = sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    srcHost: std::ptr::null(),
+                    srcDevice: src + p.src_offset,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: p.src_pitch.max(p.row_bytes) as usize,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: dst + p.dst_offset,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: p.dst_pitch as usize,
+                    WidthInBytes: p.row_bytes as usize,
+                    Height: p.rows as usize,
+                };
                 // SAFETY: both ranges checked above.
                 check("cuMemcpy2D", unsafe { sys::cuMemcpy2D_v2(&c) })?;
             }
