@@ -11,6 +11,13 @@ use gst::prelude::*;
 use gstgpushm::sum_planes as sp;
 use std::time::Duration;
 
+/// Tests that run gpushm elements in this process take this: one of them counts the
+/// process's CUDA registrations.
+fn in_process() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// These tests are `#[ignore = "needs a CUDA GPU"]`; run with `--include-ignored` on a machine
 /// with one. Without a GPU they fail, saying why, instead of passing vacuously.
 fn gpu(test: &str) {
@@ -337,6 +344,7 @@ fn gpu_4k_nv12_300_frames_read_in_place_match_the_cpu() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_system_memory_is_staged_and_matches_the_cpu() {
     gpu("gpu_system_memory_is_staged_and_matches_the_cpu");
+    let _serial = in_process();
     let before = gstgpushm::cuda::register::registrations();
     for format in sp::FORMATS.iter().map(|f| f.to_str()) {
         let (bufs, msgs) = run(&format!(
@@ -601,6 +609,7 @@ fn assert_same_frames(frames: &[(gst::Buffer, gst::Caps)], reference: &[(gst::Bu
 #[ignore = "needs a CUDA GPU"]
 fn cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter() {
     gpu("cudadownload_before_the_sink_gives_it_system_memory_without_a_capsfilter");
+    let _serial = in_process();
     for e in ["cudaupload", "cudadownload"] {
         assert!(
             gst::ElementFactory::find(e).is_some(),
@@ -780,6 +789,7 @@ fn ring_device_without_a_gpu_is_a_clear_error() {
 #[ignore = "needs a CUDA GPU"]
 fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
     gpu("gpushmsrc_reads_a_sinks_device_ring_into_system_memory");
+    let _serial = in_process();
     let dir = tmpdir();
     let sock = dir.path().join("sink-dev.sock");
     let producer = gst::parse::launch(&format!(
@@ -842,7 +852,14 @@ fn through_a_device_ring(
         })
         .map(|c| c.to_string());
     let why = match refused {
-        Ok(()) => panic!("the ring is not in GPU memory: the sink has caps {sink_caps:?}"),
+        Ok(()) => {
+            let bus = producer
+                .bus()
+                .unwrap()
+                .pop_filtered(&[gst::MessageType::Error])
+                .map(|m| format!("{m:?}"));
+            panic!("the ring is not in GPU memory: the sink has caps {sink_caps:?}; producer error: {bus:?}")
+        }
         Err(e) => e.to_string(),
     };
     assert!(
@@ -871,6 +888,7 @@ fn through_a_device_ring(
 #[ignore = "needs a CUDA GPU"]
 fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
     gpu("cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu");
+    let _serial = in_process();
     let dir = tmpdir();
     let sock = dir.path().join("cuda-in.sock");
     let frames = through_a_device_ring(
@@ -896,6 +914,7 @@ fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
 #[ignore = "needs a CUDA GPU"]
 fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
     gpu("nvh264dec_into_gpushmsink_decodes_into_a_device_ring");
+    let _serial = in_process();
     assert!(
         gst::ElementFactory::find("nvh264dec").is_some(),
         "nvh264dec is missing: carry Debian's libgstnvcodec.so (scripts/device-pack.sh does)"

@@ -438,7 +438,15 @@ impl GpuShmSink {
                 return Err(gst::loggable_error!(CAT, "{}", msg));
             }
         };
-        let caps_str = caps.to_string();
+        // Consumers get the frames from the ring, whatever memory upstream's were in: caps in
+        // CUDA memory are announced as plain video/x-raw (the ring says where the pixels are).
+        let caps_str = if caps.features(0).is_some_and(cuda_memory) {
+            let mut plain = caps.clone();
+            plain.make_mut().set_features(0, None);
+            plain.to_string()
+        } else {
+            caps.to_string()
+        };
         if caps_str.len() > MAX_CAPS_LEN {
             let msg = format!(
                 "The caps are {} bytes long (their stream headers), more than the {} bytes consumers accept",
