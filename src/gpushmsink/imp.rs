@@ -1205,7 +1205,8 @@ impl BaseSinkImpl for GpuShmSink {
             },
         ) = (caps, &*state)
         {
-            if &caps == cur && !pool.is_active() {
+            // (Not for CUDA memory: upstream allocates that itself.)
+            if &caps == cur && !pool.is_active() && !caps.features(0).is_some_and(cuda_memory) {
                 let n = pool.ring().map_or(0, |r| r.slot_count());
                 query.add_allocation_pool(Some(pool), info.size() as u32, 0, n);
             }

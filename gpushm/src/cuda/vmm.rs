@@ -296,7 +296,7 @@ impl DeviceMemory {
     }
 
     /// Copies host bytes `src` to device address `dst` (inside this allocation, which must be
-    /// writable here).
+    /// writable here). Complete when this returns.
     pub fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<()> {
         if self.read_only {
             return Err(CudaError(format!("{self:?} cannot be written")));
@@ -311,7 +311,11 @@ impl DeviceMemory {
         // SAFETY: both ranges are checked to be inside their allocations.
         check("cuMemcpyHtoD", unsafe {
             sys::cuMemcpyHtoD_v2(dst, src.as_ptr() as *const c_void, src.len())
-        })
+        })?;
+        // From pageable memory the copy may return once the bytes are staged, before they
+        // reached the GPU: a frame is published only once they are all there.
+        // SAFETY: plain driver call.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 }
 
