@@ -927,7 +927,7 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
     let file = dir.path().join("ball.h264");
     run(&format!(
         "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=I420,width=320,height=240,framerate=30/1 \
-         ! x264enc ! video/x-h264,profile=constrained-baseline ! h264parse ! filesink location={}",
+         ! x264enc ! video/x-h264,profile=constrained-baseline ! h264parse ! video/x-h264,stream-format=byte-stream,alignment=au ! filesink location={}",
         file.display()
     ));
     let sock = dir.path().join("nvdec.sock");
