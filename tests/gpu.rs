@@ -951,4 +951,29 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
     ));
     assert_eq!(frames.len(), 30);
     assert_same_frames(&frames, &reference);
+    // Asked for system memory, nvh264dec hands GstCudaMemory mapped for the CPU: a host ring
+    // takes it as system memory.
+    let sock = dir.path().join("nvdec-host.sock");
+    let producer = gst::parse::launch(&format!(
+        "filesrc location={} ! h264parse ! nvh264dec ! video/x-raw ! gpushmsink ring=host socket-path={} wait-for-connection=true",
+        file.display(),
+        sock.display()
+    ))
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let (host_frames, _) = run(&format!(
+        "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! videoconvert ! video/x-raw,format=I420 \
+         ! appsink name=out sync=false max-buffers=0",
+        sock.display()
+    ));
+    let end = producer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    producer.set_state(gst::State::Null).unwrap();
+    if let Some(gst::MessageView::Error(e)) = end.as_ref().map(|m| m.view()) {
+        panic!("host-ring producer: {} {:?}", e.error(), e.debug());
+    }
+    assert_same_frames(&host_frames, &reference);
 }

@@ -1320,8 +1320,10 @@ impl BaseSinkImpl for GpuShmSink {
             (s.wait_for_connection, Self::policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
-        // GstCudaMemory (nvcodec's allocator, GST_CUDA_MEMORY_TYPE_NAME).
-        let cuda_input = buffer.n_memory() > 0 && buffer.peek_memory(0).is_type("gst.cuda.memory");
+        // Frames in CUDA memory, as the caps say (nvcodec's elements also hand GstCudaMemory,
+        // mapped for the CPU, under system-memory caps: those are copied as system memory).
+        let cuda_input =
+            info.is_some() && caps_of().is_ok_and(|c| c.features(0).is_some_and(cuda_memory));
         let publish = |slot: u32, mut meta: FrameMeta| {
             if info.is_none() {
                 meta.payload_size = buffer.size() as u64;
