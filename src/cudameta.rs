@@ -80,7 +80,10 @@ pub enum RingPlacement {
         nick = "device"
     )]
     Device = 1,
-    #[enum_value(name = "Host memory for now (system-memory input)", nick = "auto")]
+    #[enum_value(
+        name = "GPU memory for input in CUDA memory on a discrete GPU, host memory otherwise",
+        nick = "auto"
+    )]
     Auto = 2,
 }
 

@@ -939,26 +939,36 @@ impl Frame {
     /// for a frame [`Self::is_on_device`]: empty if that copy fails, which only a GPU fault
     /// can make it do).
     pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.meta.payload_size as usize];
+        match self.copy_to(&mut v) {
+            Ok(()) => v,
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// Copies the frame's bytes (`meta.payload_size`, which `dst` must be long) into `dst`:
+    /// from the ring's host memory, or from GPU memory for a frame [`Self::is_on_device`].
+    pub fn copy_to(&self, dst: &mut [u8]) -> Result<()> {
         let n = self.meta.payload_size as usize;
+        if dst.len() != n {
+            return Err(Error::Invalid(format!(
+                "the frame is {n} bytes, the destination {}",
+                dst.len()
+            )));
+        }
         #[cfg(feature = "cuda")]
         if let Some(mem) = crate::cuda::vmm::of(self.lease.ring().attachment()) {
-            let mut v = vec![0u8; n];
-            return match mem
-                .device_ptr_of(self.ptr)
-                .map(|d| mem.copy_to_host(d, &mut v))
-            {
-                Some(Ok(())) => v,
-                _ => Vec::new(),
-            };
+            let src = mem.device_ptr_of(self.ptr).ok_or_else(|| {
+                Error::Invalid("the frame lies outside its ring's GPU memory".into())
+            })?;
+            return mem
+                .copy_to_host(src, dst)
+                .map_err(|e| Error::Invalid(format!("copying the frame from the GPU: {e}")));
         }
-        let mut v = Vec::with_capacity(n);
         // SAFETY: the lease keeps `n` bytes at `ptr` mapped (checked against the slot by
         // read_frame); a raw copy forms no reference to shared memory.
-        unsafe {
-            std::ptr::copy_nonoverlapping(self.ptr, v.as_mut_ptr(), n);
-            v.set_len(n);
-        }
-        v
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr, dst.as_mut_ptr(), n) };
+        Ok(())
     }
 
     /// Where the frame's bytes are, and how many: for handing to a GPU or an array library

@@ -726,7 +726,7 @@ impl<P: Send + 'static> Publisher<P> {
         let d = inner.rings.last()?.ring.device()?;
         (!device_memory).then(|| {
             format!(
-                "this stream's frames are in GPU memory ({} bytes on GPU {}) and this consumer did not ask for GPU memory (gpushmsrc and the Python Subscriber cannot map it yet; the producer can keep its ring in host memory)",
+                "this stream's frames are in GPU memory ({} bytes on GPU {}) and this consumer did not ask for GPU memory (Python: Subscriber(device_memory=True); Rust: ConnectOptions::device_memory; gpushmsrc always does), or the producer can keep its ring in host memory (gpushmsink ring=host)",
                 d.size,
                 d.gpu_uuid.iter().map(|b| format!("{b:02x}")).collect::<String>()
             )

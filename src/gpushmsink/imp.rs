@@ -880,7 +880,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecEnum::builder_with_default("ring", RingPlacement::Auto)
                     .nick("Ring placement")
-                    .blurb("Where the ring's pixels live. host: a shared-memory ring every consumer maps; device: GPU memory of cuda-device-id (CUDA virtual memory, exported once per ring), read in place by consumers' kernels (the Python Subscriber with device_memory=True, the gpushm crate) and copied to system memory by gpushmsrc; each frame is copied there from system memory (one host-to-device copy); auto: host (input in system memory)")
+                    .blurb("Where the ring's pixels live. host: a shared-memory ring every consumer maps; device: GPU memory of cuda-device-id (CUDA virtual memory, exported once per ring), read in place by consumers' kernels (the Python Subscriber with device_memory=True, the gpushm crate) and copied to system memory by gpushmsrc; input in CUDA memory is copied there on the GPU, input in system memory with one host-to-device copy; auto: device for input in CUDA memory (memory:CUDAMemory) on a discrete GPU, host otherwise")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecInt64::builder("max-wait")

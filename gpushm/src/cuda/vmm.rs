@@ -279,15 +279,25 @@ impl DeviceMemory {
         &self.device
     }
 
+    /// An error unless `len` bytes at device address `at` lie inside this allocation (and it
+    /// is writable here, for `write`).
+    fn check_range(&self, at: u64, len: usize, write: bool) -> Result<()> {
+        if write && self.read_only {
+            return Err(CudaError(format!("{self:?} cannot be written")));
+        }
+        let end = self.ptr + self.len as u64;
+        if at < self.ptr || at.checked_add(len as u64).is_none_or(|e| e > end) {
+            return Err(CudaError(format!(
+                "{len} bytes at {at:#x} are outside {self:?}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Copies `dst.len()` bytes from device address `src` (inside this allocation) to host
     /// memory.
     pub fn copy_to_host(&self, src: u64, dst: &mut [u8]) -> Result<()> {
-        if src < self.ptr || src + dst.len() as u64 > self.ptr + self.len as u64 {
-            return Err(CudaError(format!(
-                "{} bytes at {src:#x} are outside {self:?}",
-                dst.len()
-            )));
-        }
+        self.check_range(src, dst.len(), false)?;
         self.device.ctx.bind_to_thread()?;
         // SAFETY: both ranges are checked to be inside their allocations.
         check("cuMemcpyDtoH", unsafe {
@@ -298,15 +308,7 @@ impl DeviceMemory {
     /// Copies host bytes `src` to device address `dst` (inside this allocation, which must be
     /// writable here). Complete when this returns.
     pub fn copy_from_host(&self, dst: u64, src: &[u8]) -> Result<()> {
-        if self.read_only {
-            return Err(CudaError(format!("{self:?} cannot be written")));
-        }
-        if dst < self.ptr || dst + src.len() as u64 > self.ptr + self.len as u64 {
-            return Err(CudaError(format!(
-                "{} bytes at {dst:#x} are outside {self:?}",
-                src.len()
-            )));
-        }
+        self.check_range(dst, src.len(), true)?;
         self.device.ctx.bind_to_thread()?;
         // SAFETY: both ranges are checked to be inside their allocations.
         check("cuMemcpyHtoD", unsafe {
@@ -325,14 +327,7 @@ impl DeviceMemory {
     /// queued before on the context's streams is finished first, and the copy is complete
     /// when this returns: a frame published next holds it all.
     pub fn copy_from_device(&self, dst: u64, src: u64, len: usize) -> Result<()> {
-        if self.read_only {
-            return Err(CudaError(format!("{self:?} cannot be written")));
-        }
-        if dst < self.ptr || dst + len as u64 > self.ptr + self.len as u64 {
-            return Err(CudaError(format!(
-                "{len} bytes at {dst:#x} are outside {self:?}"
-            )));
-        }
+        self.check_range(dst, len, true)?;
         self.device.ctx.bind_to_thread()?;
         // SAFETY: plain driver calls; `dst` is checked, `src` is the caller's device memory
         // (the driver refuses addresses it does not know).

@@ -340,9 +340,11 @@ impl Worker {
             // An empty buffer (caps other than raw video): nothing to map or keep.
             drop(frame.lease);
             None
-        } else if frame.is_on_device() {
-            // A device ring: the pixels are in GPU memory, copied out (device to host) into
-            // a buffer of our own, so that every downstream element gets system memory.
+        } else if frame.is_on_device() || copy.is_some() {
+            // Copied into a buffer of our own: downstream keeps more than our budget allows
+            // zero-copy, or the frame is in a device ring's GPU memory (downstream gets
+            // system memory). The slot order learnt goes from zero-copy frame to zero-copy
+            // frame.
             self.prev_slot = None;
             let mut mem = gst::Memory::with_size(size);
             {
@@ -352,46 +354,18 @@ impl Worker {
                 let mut map = mem.map_writable().map_err(|_| {
                     gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("Cannot map a frame"))
                 })?;
-                let ring = frame.lease.ring();
-                let copied = crate::cuda::vmm::of(ring.attachment())
-                    .zip(frame.device_ptr())
-                    .ok_or_else(|| "the frame's GPU memory is not mapped".to_string())
-                    .and_then(|(mem, (src, _))| {
-                        mem.copy_to_host(src, &mut map).map_err(|e| e.to_string())
-                    });
-                copied.map_err(|e| {
-                    gst::error_msg!(
-                        gst::ResourceError::Read,
-                        (
-                            "Cannot copy a frame out of the producer's GPU memory: {}",
-                            e
-                        )
-                    )
+                frame.copy_to(&mut map).map_err(|e| {
+                    gst::error_msg!(gst::ResourceError::Read, ("Cannot copy a frame out: {}", e))
                 })?;
             }
             self.shared.copied.fetch_add(1, Ordering::Relaxed);
-            drop(frame.lease);
-            Some(Some(mem))
-        } else if let Some(held) = copy {
-            // The slot order learnt goes from zero-copy frame to zero-copy frame.
-            self.prev_slot = None;
-            let mut mem = gst::Memory::with_size(size);
-            {
-                let mem = mem.get_mut().ok_or_else(|| {
-                    gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("Cannot allocate a frame"))
-                })?;
-                let mut map = mem.map_writable().map_err(|_| {
-                    gst::error_msg!(gst::ResourceError::NoSpaceLeft, ("Cannot map a frame"))
-                })?;
-                // SAFETY: the lease keeps `size` bytes at `frame.ptr` mapped (read_frame
-                // checked them against the slot); raw copy, no reference to shared memory.
-                unsafe { std::ptr::copy_nonoverlapping(frame.ptr, map.as_mut_ptr(), size) };
-            }
-            let n = conn.count_copy();
-            self.shared.copied.fetch_add(1, Ordering::Relaxed);
-            if !self.copy_warned {
-                self.copy_warned = true;
-                self.warn_copy(conn, held, n);
+            // Copies for downstream's sake are the producer's to count, and said once.
+            if let Some(held) = copy.filter(|_| !frame.is_on_device()) {
+                let n = conn.count_copy();
+                if !self.copy_warned {
+                    self.copy_warned = true;
+                    self.warn_copy(conn, held, n);
+                }
             }
             drop(frame.lease);
             Some(Some(mem))
