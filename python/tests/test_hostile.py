@@ -58,20 +58,29 @@ def test_a_consumer_cannot_block_the_python_publisher_through_its_wake_up_descri
         def publish():
             for v in range(300):
                 pub.publish(np.full((48, 64), v % 256, dtype=np.uint8))
+                # Paced (about 2 ms a frame) so the honest subscriber is reading while the
+                # hostile one is being woken: unpaced, 300 frames can go out before it reads one.
+                time.sleep(0.002)
             done.set()
 
         t = threading.Thread(target=publish, daemon=True)
         t.start()
         got = 0
         deadline = time.monotonic() + 20
-        while not done.is_set() and time.monotonic() < deadline:
+        # Reads until publishing is over and what it left in the backlog is drained.
+        while time.monotonic() < deadline:
             try:
-                honest.next_frame(timeout=0.2).release()
-                got += 1
+                frame = honest.next_frame(timeout=0.2)
             except gpushm.Timeout:
-                pass
+                if done.is_set():
+                    break
+                continue
+            pixels = np.asarray(frame)
+            assert (pixels == pixels.flat[0]).all(), "a frame mixed two publishes"
+            frame.release()
+            got += 1
         assert done.is_set(), f"publish() blocked after the honest subscriber got {got} frames"
-        assert got > 0
+        assert got >= 10, f"the honest subscriber got only {got} of 300 frames"
         honest.close()
         block.close()
         for fd in (memfd, ready, release):
