@@ -783,8 +783,9 @@ fn ring_device_without_a_gpu_is_a_clear_error() {
 }
 
 /// `gpushmsink ring=device` in one process, `gpushmsrc ! appsink` in another pipeline: the
-/// frames went through GPU memory (a device ring: one host-to-device copy in the sink, one
-/// device-to-host copy in gpushmsrc) and arrive equal to videotestsrc's, row for row.
+/// frames went through GPU memory (a device ring: one host-to-device copy in the sink; appsink
+/// gets gpushmsrc's zero-copy memory over the ring's GPU memory, copied to the host when it is
+/// first mapped) and arrive equal to videotestsrc's, row for row, in system memory.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
@@ -834,7 +835,7 @@ fn through_a_device_ring(
     launch: &str,
     sock: &std::path::Path,
     consumer: &str,
-) -> Vec<(gst::Buffer, gst::Caps)> {
+) -> (Vec<(gst::Buffer, gst::Caps)>, Vec<gst::Structure>) {
     let producer = gst::parse::launch(launch).unwrap();
     producer.set_state(gst::State::Playing).unwrap();
     wait_for_path(sock, Duration::from_secs(10));
@@ -866,7 +867,7 @@ fn through_a_device_ring(
         why.contains("GPU memory"),
         "the ring is not in GPU memory: {why}"
     );
-    let (frames, _) = run(consumer);
+    let (frames, msgs) = run(consumer);
     let end = producer.bus().unwrap().timed_pop_filtered(
         gst::ClockTime::from_seconds(30),
         &[gst::MessageType::Eos, gst::MessageType::Error],
@@ -877,7 +878,7 @@ fn through_a_device_ring(
         Some(gst::MessageView::Error(e)) => panic!("producer: {} {:?}", e.error(), e.debug()),
         _ => panic!("the producer did not finish"),
     }
-    frames
+    (frames, msgs)
 }
 
 /// CUDA memory in: `cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink` (ring=auto, the
@@ -891,7 +892,7 @@ fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
     let _serial = in_process();
     let dir = tmpdir();
     let sock = dir.path().join("cuda-in.sock");
-    let frames = through_a_device_ring(
+    let (frames, _) = through_a_device_ring(
         &format!(
             "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
              ! cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink socket-path={} wait-for-connection=true",
@@ -931,7 +932,7 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
         file.display()
     ));
     let sock = dir.path().join("nvdec.sock");
-    let frames = through_a_device_ring(
+    let (frames, _) = through_a_device_ring(
         &format!(
             "filesrc location={} ! h264parse ! nvh264dec ! gpushmsink socket-path={} wait-for-connection=true",
             file.display(),
@@ -976,4 +977,87 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
         panic!("host-ring producer: {} {:?}", e.error(), e.debug());
     }
     assert_same_frames(&host_frames, &reference);
+}
+
+/// CUDA memory out: a device ring's frames reach `gpushmsrc ! video/x-raw(memory:CUDAMemory)
+/// ! cudadownload` in CUDA memory (one device-to-device copy into a GStreamer CUDA buffer
+/// pool, pitched rows, in the CUDA context the pipeline shares), and equal videotestsrc's;
+/// `gpushmsrc ! cudadownload` without a capsfilter negotiates the same, and an element that
+/// takes anything (appsink) still gets system memory.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpushmsrc_hands_device_ring_frames_to_cuda_elements_in_cuda_memory() {
+    gpu("gpushmsrc_hands_device_ring_frames_to_cuda_elements_in_cuda_memory");
+    let _serial = in_process();
+    let dir = tmpdir();
+    let producer = |sock: &std::path::Path| {
+        format!(
+            "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+             ! cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink socket-path={} wait-for-connection=true",
+            sock.display()
+        )
+    };
+    for (i, consumer) in [
+        "video/x-raw(memory:CUDAMemory) ! cudadownload ! video/x-raw",
+        "cudadownload ! video/x-raw",
+        "identity",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let sock = dir.path().join(format!("cuda-out-{i}.sock"));
+        let (frames, _) = through_a_device_ring(
+            &producer(&sock),
+            &sock,
+            &format!(
+                "gpushmsrc name=src socket-path={} mode=lossless num-buffers=30 ! {consumer} \
+                 ! appsink name=out sync=false max-buffers=0",
+                sock.display()
+            ),
+        );
+        assert_eq!(frames.len(), 30, "{consumer}");
+        // (Also checks that appsink got system memory.)
+        assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
+    }
+}
+
+/// cudasum reads a device ring's frames in place: gpushmsrc hands them zero-copy (a memory
+/// over the ring's GPU memory, with its GpuShmCudaMeta), and the sums equal the CPU
+/// backend's over the same pictures, frame for frame.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cudasum_reads_device_ring_frames_in_place() {
+    gpu("cudasum_reads_device_ring_frames_in_place");
+    let _serial = in_process();
+    let dir = tmpdir();
+    let sock = dir.path().join("cudasum-dev.sock");
+    let caps = "video/x-raw,format=NV12,width=320,height=240,framerate=30/1";
+    let (_, msgs) = through_a_device_ring(
+        &format!(
+            "videotestsrc num-buffers=30 pattern=ball ! {caps} ! gpushmsink ring=device socket-path={} wait-for-connection=true",
+            sock.display()
+        ),
+        &sock,
+        &format!(
+            "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! cudasum ! fakesink sync=false",
+            sock.display()
+        ),
+    );
+    let (_, reference) = run(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! {caps} ! cudasum backend=cpu ! fakesink"
+    ));
+    assert_eq!(msgs.len(), 30);
+    for (i, (m, r)) in msgs.iter().zip(&reference).enumerate() {
+        assert_eq!(
+            m.get::<&str>("path").unwrap(),
+            "zero-copy",
+            "frame {i}: {m}"
+        );
+        assert_eq!(array(m, "plane-sums"), array(r, "plane-sums"), "frame {i}");
+        assert_eq!(
+            array(m, "component-sums"),
+            array(r, "component-sums"),
+            "frame {i}"
+        );
+    }
 }

@@ -7,5 +7,6 @@
 
 pub use gpushm::cuda::*;
 
+pub mod gstcuda;
 pub mod kernels;
 pub mod nvrtc;

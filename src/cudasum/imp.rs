@@ -326,10 +326,25 @@ impl BaseTransformImpl for CudaSum {
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
         let mut st = self.state();
         let info = st.info.clone().ok_or(gst::FlowError::NotNegotiated)?;
-        let map = buf.map_readable().map_err(|_| {
-            gst::element_imp_error!(self, gst::StreamError::Failed, ("Could not map the frame"));
-            gst::FlowError::Error
-        })?;
+        // The frame's device address, where it has one on our GPU: read in place, unmapped
+        // (a frame in GPU memory would otherwise be copied to the host to be mapped).
+        let in_place = st.gpu.as_ref().and_then(|gpu| {
+            let ordinal = gpu.device().ordinal as i32;
+            crate::cudameta::get(buf).filter(|m| {
+                m.device == ordinal && m.size >= buf.size() as u64 && buf.n_memory() == 1
+            })
+        });
+        let map = match in_place {
+            Some(_) => None,
+            None => Some(buf.map_readable().map_err(|_| {
+                gst::element_imp_error!(
+                    self,
+                    gst::StreamError::Failed,
+                    ("Could not map the frame")
+                );
+                gst::FlowError::Error
+            })?),
+        };
         let planes = planes::buffer_planes(&info, buf).map_err(|e| {
             gst::element_imp_error!(
                 self,
@@ -339,17 +354,15 @@ impl BaseTransformImpl for CudaSum {
             gst::FlowError::Error
         })?;
         let bytes: u64 = planes.iter().map(|p| (p.row_bytes * p.rows) as u64).sum();
-        let (sums, path, kernel_ns) = match st.gpu.as_mut() {
-            None => (planes::cpu_sums(&map, &planes), "cpu", 0),
-            Some(gpu) => {
-                let ordinal = gpu.device().ordinal as i32;
-                let in_place = crate::cudameta::get(buf).filter(|m| {
-                    m.device == ordinal && m.size >= map.size() as u64 && buf.n_memory() == 1
-                });
-                let (base, path) = match in_place {
-                    Some(m) => (m.device_ptr, "zero-copy"),
-                    None => {
-                        let p = gpu.stage(&map).map_err(|e| {
+        let (sums, path, kernel_ns) = match (st.gpu.as_mut(), &map) {
+            (None, Some(map)) => (planes::cpu_sums(map, &planes), "cpu", 0),
+            (None, None) => return Err(gst::FlowError::Error),
+            (Some(gpu), map) => {
+                let (base, path) = match (in_place, map) {
+                    (Some(m), _) => (m.device_ptr, "zero-copy"),
+                    (None, None) => return Err(gst::FlowError::Error),
+                    (None, Some(map)) => {
+                        let p = gpu.stage(map).map_err(|e| {
                             gst::element_imp_error!(
                                 self,
                                 gst::ResourceError::Failed,

@@ -40,6 +40,7 @@ use once_cell::sync::Lazy;
 
 use super::pool::Server;
 use super::pool::SlotPool;
+use crate::cuda::gstcuda::{CUDA_MEMORY, MAP_CUDA};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaRegister, RingPlacement};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
@@ -67,9 +68,6 @@ const DEFAULT_MAX_CLIENTS: u32 = 64;
 const DEFAULT_ALLOW_WRITABLE_RING: bool = false;
 /// Slot size for caps other than raw video (encoded video, audio, RTP, data).
 const DEFAULT_MAX_BUFFER_SIZE: u32 = 1 << 20;
-/// GstMapFlags GST_MAP_CUDA (gst/cuda/gstcudamemory.h, 1.22: GST_MAP_FLAG_LAST << 1): map
-/// GstCudaMemory to its device address.
-const GST_MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 
 /// Caps travel in one control message.
 const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
@@ -283,7 +281,7 @@ impl GpuShmSink {
                 rows: rows as u64,
             });
         }
-        // SAFETY: GST_MAP_CUDA maps GstCudaMemory to its device address; the map is undone
+        // SAFETY: MAP_CUDA maps GstCudaMemory to its device address; the map is undone
         // below, after the copy finished (it is synchronous).
         unsafe {
             let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
@@ -291,7 +289,7 @@ impl GpuShmSink {
                 == gst::ffi::gst_buffer_map(
                     buffer.as_mut_ptr(),
                     map.as_mut_ptr(),
-                    gst::ffi::GST_MAP_READ | GST_MAP_CUDA,
+                    gst::ffi::GST_MAP_READ | MAP_CUDA,
                 )
             {
                 return Err(fail("Could not map a buffer in CUDA memory".into()));
@@ -729,9 +727,6 @@ fn stream_kind(caps: &gst::CapsRef, cuda: bool) -> Result<Option<gst_video::Vide
         Err(_) => Ok(None),
     }
 }
-
-/// The caps feature of buffers in CUDA device memory (GStreamer's nvcodec elements).
-const CUDA_MEMORY: &str = "memory:CUDAMemory";
 
 /// Whether caps `features` are CUDA device memory (`memory:CUDAMemory`, nothing else that is
 /// memory).

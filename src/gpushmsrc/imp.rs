@@ -58,6 +58,7 @@ use once_cell::sync::Lazy;
 
 use super::receiver::{Config, Details, Item, Reader, Received, Receiver, Shared};
 use super::{DeliveryMode, CAT};
+use crate::cuda::gstcuda;
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
@@ -117,8 +118,12 @@ impl Default for Settings {
 
 struct Started {
     receiver: Receiver,
-    /// Caps string last set on the pad.
-    pad_caps: Option<Arc<str>>,
+    /// Caps string last set on the pad, and the device of the ring its frames came from
+    /// (`None`: a host ring).
+    pad_caps: Option<(Arc<str>, Option<i32>)>,
+    /// The pad's caps are the producer's in CUDA memory (memory:CUDAMemory): device-ring
+    /// frames go to downstream in a CUDA buffer pool's memory.
+    pad_cuda: bool,
     /// The producer's times into our running time, per connection (the gpushm crate's one
     /// mapping for every binding).
     map: TimeMap,
@@ -144,6 +149,9 @@ struct Started {
 pub struct GpuShmSrc {
     settings: Mutex<Settings>,
     state: Mutex<Option<Started>>,
+    /// The CUDA context GStreamer's CUDA elements of the pipeline share (GstCudaContext),
+    /// once device-ring frames go out in CUDA memory or a neighbour handed it.
+    cuda_ctx: Mutex<Option<gstcuda::Context>>,
 }
 
 impl Default for GpuShmSrc {
@@ -151,6 +159,7 @@ impl Default for GpuShmSrc {
         Self {
             settings: Mutex::new(Settings::default()),
             state: Mutex::new(None),
+            cuda_ctx: Mutex::new(None),
         }
     }
 }
@@ -388,7 +397,14 @@ impl GpuShmSrc {
         }
     }
 
-    fn set_pad_caps(&self, caps_str: &Arc<str>) -> Result<(), gst::FlowError> {
+    /// Sets the caps for frames of `caps_str` on the pad: in CUDA memory when they come from a
+    /// device ring on GPU `device` and downstream asks for CUDA memory, otherwise the
+    /// producer's. Returns whether they are in CUDA memory.
+    fn set_pad_caps(
+        &self,
+        caps_str: &Arc<str>,
+        device: Option<i32>,
+    ) -> Result<bool, gst::FlowError> {
         let caps = gst::Caps::from_str(caps_str).map_err(|_| {
             gst::element_imp_error!(
                 self,
@@ -398,6 +414,31 @@ impl GpuShmSrc {
             gst::FlowError::NotNegotiated
         })?;
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
+        let shared = self.shared();
+        if let Some(d) = device.filter(|_| crate::ring::format::is_raw_video(caps_str)) {
+            if let Some(pool) = self.cuda_output(&caps, d) {
+                let cuda_caps = gstcuda::with_cuda_feature(&caps);
+                if let Some(sh) = &shared {
+                    sh.set_cuda_out(Some((pool, caps_str.clone())));
+                }
+                if self.obj().set_caps(&cuda_caps).is_ok() {
+                    gst::info!(
+                        CAT,
+                        imp = self,
+                        "device-ring frames go out in CUDA memory: {cuda_caps}"
+                    );
+                    return Ok(true);
+                }
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "downstream refused {cuda_caps}: system memory"
+                );
+            }
+        }
+        if let Some(sh) = &shared {
+            sh.set_cuda_out(None);
+        }
         // A refused caps event is only seen at the next push, as not-negotiated: ask first.
         if !self.obj().src_pad().peer_query_accept_caps(&caps) {
             self.refused(&caps);
@@ -406,7 +447,154 @@ impl GpuShmSrc {
         self.obj().set_caps(&caps).map_err(|_| {
             self.refused(&caps);
             gst::FlowError::NotNegotiated
-        })
+        })?;
+        Ok(false)
+    }
+
+    /// Whether downstream takes device-ring frames of `caps` (GPU `device`) in CUDA memory:
+    /// it names memory:CUDAMemory in its caps (an element taking ANY gets system memory, as
+    /// from nvcodec's decoders) and GStreamer's CUDA library is here. Then the pipeline's
+    /// CUDA context for that GPU and an active CUDA buffer pool for the caps.
+    fn cuda_output(&self, caps: &gst::Caps, device: i32) -> Option<gst::BufferPool> {
+        let obj = self.obj();
+        let pad = obj.src_pad();
+        let cuda_caps = gstcuda::with_cuda_feature(caps);
+        let peer = pad.peer_query_caps(Some(&cuda_caps));
+        let asks = !peer.is_any()
+            && peer
+                .iter_with_features()
+                .any(|(_, f)| !f.is_any() && f.contains(gstcuda::CUDA_MEMORY));
+        if !asks {
+            return None;
+        }
+        if let Err(why) = gstcuda::available() {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Init,
+                (
+                    "Downstream asks for CUDA memory but {}: frames go out in system memory",
+                    why
+                )
+            );
+            return None;
+        }
+        if !pad.peer_query_accept_caps(&cuda_caps) {
+            return None;
+        }
+        let info = gst_video::VideoInfo::from_caps(caps).ok()?;
+        // Outside our lock: finding the context may call set_context() on us.
+        let mut ctx = self
+            .cuda_ctx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .filter(|c| c.device_id() == device);
+        let element = obj.upcast_ref::<gst::Element>();
+        if !gstcuda::ensure_element_context(element, device, &mut ctx) {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Init,
+                (
+                    "No CUDA context for GPU {}: frames go out in system memory",
+                    device
+                )
+            );
+            return None;
+        }
+        let ctx = ctx.filter(|c| c.device_id() == device)?;
+        *self.cuda_ctx.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
+        let pool = gstcuda::buffer_pool(&ctx)?;
+        let mut config = pool.config();
+        config.set_params(
+            Some(&gstcuda::with_cuda_feature(caps)),
+            info.size() as u32,
+            0,
+            0,
+        );
+        config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
+        if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
+            gst::element_imp_warning!(
+                self,
+                gst::ResourceError::NoSpaceLeft,
+                (
+                    "Cannot allocate CUDA memory for {}: frames go out in system memory",
+                    caps
+                )
+            );
+            return None;
+        }
+        Some(pool)
+    }
+
+    /// A frame queued before the pad's memory changed (CUDA memory negotiated, or given up)
+    /// is copied into the memory the caps now say.
+    fn to_pad_memory(
+        &self,
+        buffer: gst::Buffer,
+        f: &Details,
+        cuda: bool,
+    ) -> Result<gst::Buffer, gst::FlowError> {
+        let is_cuda = buffer.n_memory() > 0 && gstcuda::is_cuda_memory(buffer.peek_memory(0));
+        if is_cuda == cuda || !crate::ring::format::is_raw_video(&f.caps) {
+            return Ok(buffer);
+        }
+        let fail = |what: &str| {
+            gst::element_imp_error!(
+                self,
+                gst::ResourceError::Failed,
+                ("Cannot copy a frame into {}", what)
+            );
+            gst::FlowError::Error
+        };
+        let caps = gst::Caps::from_str(&f.caps).map_err(|_| fail("the caps' memory"))?;
+        let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| fail("the caps' memory"))?;
+        let mut out = if cuda {
+            let pool = self
+                .shared()
+                .and_then(|s| s.cuda_pool_for(&f.caps))
+                .ok_or_else(|| fail("CUDA memory"))?;
+            pool.acquire_buffer(None).map_err(|_| fail("CUDA memory"))?
+        } else {
+            let mut b = gst::Buffer::with_size(info.size()).map_err(|_| fail("system memory"))?;
+            let bm = b.get_mut().ok_or_else(|| fail("system memory"))?;
+            gst_video::VideoMeta::add_full(
+                bm,
+                gst_video::VideoFrameFlags::empty(),
+                info.format(),
+                info.width(),
+                info.height(),
+                info.offset(),
+                info.stride(),
+            )
+            .map_err(|_| fail("system memory"))?;
+            b
+        };
+        {
+            let src = gst_video::VideoFrameRef::from_buffer_ref_readable(buffer.as_ref(), &info)
+                .map_err(|_| fail("a frame of the new memory"))?;
+            let om = out.make_mut();
+            let mut dst = gst_video::VideoFrameRef::from_buffer_ref_writable(om, &info)
+                .map_err(|_| fail("a frame of the new memory"))?;
+            src.copy(&mut dst)
+                .map_err(|_| fail("a frame of the new memory"))?;
+        }
+        let om = out.make_mut();
+        om.set_flags(buffer.flags());
+        om.set_duration(buffer.duration());
+        om.set_offset(buffer.offset());
+        om.set_offset_end(buffer.offset_end());
+        for m in buffer.iter_meta::<gst::ReferenceTimestampMeta>() {
+            gst::ReferenceTimestampMeta::add(
+                om,
+                &m.reference().to_owned(),
+                m.timestamp(),
+                m.duration(),
+            );
+        }
+        if let Some(tc) = buffer.meta::<gst_video::VideoTimeCodeMeta>() {
+            gst_video::VideoTimeCodeMeta::add(om, &tc.tc());
+        }
+        Ok(out)
     }
 
     /// Posts the error for downstream refusing the producer's `caps`, with a hint when they
@@ -634,6 +822,21 @@ impl ObjectImpl for GpuShmSrc {
 impl GstObjectImpl for GpuShmSrc {}
 
 impl ElementImpl for GpuShmSrc {
+    fn set_context(&self, context: &gst::Context) {
+        if context.context_type() == gstcuda::CONTEXT_TYPE {
+            let device = self.settings().cuda_device;
+            let mut ctx = self
+                .cuda_ctx
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            let obj = self.obj();
+            gstcuda::handle_set_context(obj.upcast_ref(), context, device, &mut ctx);
+            *self.cuda_ctx.lock().unwrap_or_else(|e| e.into_inner()) = ctx;
+        }
+        self.parent_set_context(context)
+    }
+
     fn change_state(
         &self,
         transition: gst::StateChange,
@@ -734,6 +937,7 @@ impl BaseSrcImpl for GpuShmSrc {
         *self.state() = Some(Started {
             receiver,
             pad_caps: None,
+            pad_cuda: false,
             map: TimeMap::new(),
             clock_is_monotonic: None,
             clock_offset: None,
@@ -751,6 +955,10 @@ impl BaseSrcImpl for GpuShmSrc {
         // Dropped outside the lock: stopping joins the receiver thread.
         let old = self.state().take();
         drop(old);
+        self.cuda_ctx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
         Ok(())
     }
 
@@ -770,7 +978,20 @@ impl BaseSrcImpl for GpuShmSrc {
             .shared()
             .and_then(|s| s.caps.lock().unwrap_or_else(|e| e.into_inner()).clone())
             .and_then(|c| gst::Caps::from_str(&c).ok());
-        let caps = known.unwrap_or_else(|| self.obj().src_pad().pad_template_caps());
+        let on_device = self
+            .state()
+            .as_ref()
+            .is_some_and(|st| st.pad_caps.as_ref().is_some_and(|(_, d)| d.is_some()));
+        let caps = match known {
+            // Frames of a device ring go out in CUDA memory too, where downstream asks.
+            Some(c) if on_device && gstcuda::available().is_ok() => {
+                let mut both = gstcuda::with_cuda_feature(&c);
+                both.get_mut().expect("new caps").append(c);
+                both
+            }
+            Some(c) => c,
+            None => self.obj().src_pad().pad_template_caps(),
+        };
         Some(match filter {
             Some(f) => f.intersect_with_mode(&caps, gst::CapsIntersectMode::First),
             None => caps,
@@ -799,6 +1020,19 @@ impl BaseSrcImpl for GpuShmSrc {
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
+        if let gst::QueryViewMut::Context(q) = query.view_mut() {
+            if q.context_type() == gstcuda::CONTEXT_TYPE {
+                let ctx = self
+                    .cuda_ctx
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                let obj = self.obj();
+                if gstcuda::handle_context_query(obj.upcast_ref(), query, ctx.as_ref()) {
+                    return true;
+                }
+            }
+        }
         if let gst::QueryViewMut::Latency(q) = query.view_mut() {
             let mut guard = self.state();
             let latency = match guard.as_mut() {
@@ -861,11 +1095,12 @@ impl PushSrcImpl for GpuShmSrc {
                 let mut guard = self.state();
                 let new_caps = {
                     let st = guard.as_ref().ok_or(gst::FlowError::Flushing)?;
-                    (st.pad_caps.as_ref() != Some(&f.caps)).then(|| f.caps.clone())
+                    let now = (f.caps.clone(), f.on_device);
+                    (st.pad_caps.as_ref() != Some(&now)).then_some(now)
                 };
                 if let Some(c) = new_caps {
                     drop(guard);
-                    self.set_pad_caps(&c)?;
+                    let cuda = self.set_pad_caps(&c.0, c.1)?;
                     // The ALLOCATION query for these caps, now: downstream may ask for
                     // GpuShmCudaMeta, and this frame already gets it.
                     if !self.obj().negotiate() {
@@ -874,7 +1109,14 @@ impl PushSrcImpl for GpuShmSrc {
                     guard = self.state();
                     if let Some(st) = guard.as_mut() {
                         st.pad_caps = Some(c);
+                        st.pad_cuda = cuda;
                     }
+                }
+                if f.on_device.is_some() {
+                    let cuda = guard.as_ref().is_some_and(|st| st.pad_cuda);
+                    drop(guard);
+                    buffer = self.to_pad_memory(buffer, &f, cuda)?;
+                    guard = self.state();
                 }
                 let latency_changed = {
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;

@@ -378,38 +378,91 @@ impl DeviceMemory {
         if self.read_only {
             return Err(CudaError(format!("{self:?} cannot be written")));
         }
-        let end = self.ptr + self.len as u64;
+        self.copy_planes(
+            src,
+            (src, src_len),
+            dst,
+            (self.ptr, self.len as u64),
+            src,
+            planes,
+        )
+    }
+
+    /// Copies the planes of a frame at `src` inside this allocation to device address `dst`
+    /// (`dst_len` bytes: another element's CUDA memory, a GStreamer CUDA buffer pool's), on
+    /// the GPU. Every plane is checked to lie inside both. Complete when this returns.
+    pub fn copy_planes_to_device(
+        &self,
+        src: u64,
+        dst: u64,
+        dst_len: u64,
+        planes: &[Plane2d],
+    ) -> Result<()> {
+        self.copy_planes(
+            src,
+            (self.ptr, self.len as u64),
+            dst,
+            (dst, dst_len),
+            dst,
+            planes,
+        )
+    }
+
+    /// Copies `planes` from `src` to `dst`, each inside its `(start, len)` region, in the
+    /// context that owns `foreign` (GStreamer's CUDA elements make their own). This
+    /// allocation is mapped for the whole device (cuMemSetAccess), so every context on it
+    /// reaches it.
+    fn copy_planes(
+        &self,
+        src: u64,
+        src_region: (u64, u64),
+        dst: u64,
+        dst_region: (u64, u64),
+        foreign: u64,
+        planes: &[Plane2d],
+    ) -> Result<()> {
+        let inside = |base: u64, offset: u64, pitch: u64, p: &Plane2d, (start, len): (u64, u64)| {
+            let end = base
+                .checked_add(offset)
+                .and_then(|b| b.checked_add(p.span(pitch)?));
+            base >= start && end.is_some_and(|e| e <= start.saturating_add(len))
+        };
         for p in planes {
-            let s = p
-                .src_offset
-                .checked_add(p.span(p.src_pitch).unwrap_or(u64::MAX));
-            let d = dst
-                .checked_add(p.dst_offset)
-                .and_then(|d| d.checked_add(p.span(p.dst_pitch)?));
-            if p.row_bytes > p.src_pitch.max(p.row_bytes) || s.is_none_or(|s| s > src_len) {
+            let pitches_fit =
+                p.row_bytes <= p.src_pitch.max(p.row_bytes) && p.row_bytes <= p.dst_pitch;
+            if !pitches_fit
+                || !inside(
+                    src,
+                    p.src_offset,
+                    p.src_pitch.max(p.row_bytes),
+                    p,
+                    src_region,
+                )
+            {
                 return Err(CudaError(format!(
-                    "a plane {p:?} lies outside the source frame of {src_len} bytes"
+                    "a plane {p:?} lies outside the source frame ({} bytes at {:#x})",
+                    src_region.1, src_region.0
                 )));
             }
-            if dst < self.ptr || d.is_none_or(|d| d > end) || p.row_bytes > p.dst_pitch {
-                return Err(CudaError(format!("a plane {p:?} lies outside {self:?}")));
+            if !inside(dst, p.dst_offset, p.dst_pitch, p, dst_region) {
+                return Err(CudaError(format!(
+                    "a plane {p:?} lies outside the destination ({} bytes at {:#x})",
+                    dst_region.1, dst_region.0
+                )));
             }
         }
-        // The context that owns the source (GStreamer's CUDA elements make their own): the
-        // copy runs there. This allocation is mapped for the whole device (cuMemSetAccess),
-        // so every context on it reaches it.
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the driver checks `src`.
+        // SAFETY: valid out-pointer; the driver checks `foreign`.
         let r = unsafe {
             sys::cuPointerGetAttribute(
                 &mut ctx as *mut sys::CUcontext as *mut c_void,
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-                src,
+                foreign,
             )
         };
         let pushed = r == sys::CUresult::CUDA_SUCCESS && !ctx.is_null();
         if pushed {
-            // SAFETY: a live context of this process (it owns `src`).
+            // SAFETY: a live context of this process (it owns `foreign`).
             check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(ctx) })?;
         } else {
             self.device.ctx.bind_to_thread()?;

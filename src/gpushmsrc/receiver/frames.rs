@@ -335,16 +335,62 @@ impl Worker {
             .take()
             .filter(|a| Arc::ptr_eq(&a.stream, &stream) && publish_ts.is_some());
         let mut slot = None;
+        let on_device = frame.is_on_device();
+        let device = frame.device_ptr().filter(|_| on_device).map(|(_, d)| d);
+        // Downstream takes this stream in CUDA memory: a device frame goes there on the GPU.
+        let cuda_out = on_device
+            .then(|| self.shared.cuda_out_for(&frame.caps))
+            .flatten()
+            .filter(|_| size > 0 && stream.video.is_some());
+        let mut cuda_buffer = None;
         // Some(None): the frame's memory is in the buffer made ahead already.
-        let mem = if size == 0 {
+        let mem = if let Some(out) = cuda_out {
+            // One device-to-device copy into a buffer of the CUDA pool downstream takes.
+            self.prev_slot = None;
+            cuda_buffer = Some(copy_to_cuda_pool(&out, &frame).map_err(|e| {
+                gst::error_msg!(
+                    gst::ResourceError::Read,
+                    ("Cannot copy a frame into CUDA memory: {}", e)
+                )
+            })?);
+            self.shared.copied.fetch_add(1, Ordering::Relaxed);
+            drop(frame.lease);
+            None
+        } else if size == 0 {
             // An empty buffer (caps other than raw video): nothing to map or keep.
             drop(frame.lease);
             None
-        } else if frame.is_on_device() || copy.is_some() {
+        } else if on_device && copy.is_none() {
+            // Zero-copy in GPU memory: CUDA elements read the frame in place (its
+            // GpuShmCudaMeta, or a GST_MAP_CUDA map), the CPU through a copy made when it
+            // first maps it.
+            self.prev_slot = None;
+            let ring = frame.lease.ring().clone();
+            let (dptr, _) = frame.device_ptr().ok_or_else(|| {
+                gst::error_msg!(
+                    gst::StreamError::Decode,
+                    ("The producer sent a frame outside its ring's GPU memory")
+                )
+            })?;
+            slot = Some((ring.clone(), frame.ptr as usize));
+            let copy: crate::memory::CopyToHost = Box::new(move |dst: &mut [u8]| {
+                crate::cuda::vmm::of(ring.attachment())
+                    .ok_or("the ring has no GPU memory")?
+                    .copy_to_host(dptr, dst)
+                    .map_err(|e| e.to_string())
+            });
+            Some(Some(crate::memory::wrap_device_slot_memory(
+                dptr,
+                size,
+                copy,
+                Box::new(NotifyOnRelease {
+                    lease: Some(frame.lease),
+                    shared: Arc::downgrade(&self.shared),
+                }),
+            )))
+        } else if on_device || copy.is_some() {
             // Copied into a buffer of our own: downstream keeps more than our budget allows
-            // zero-copy, or the frame is in a device ring's GPU memory (downstream gets
-            // system memory). The slot order learnt goes from zero-copy frame to zero-copy
-            // frame.
+            // zero-copy. The slot order learnt goes from zero-copy frame to zero-copy frame.
             self.prev_slot = None;
             let mut mem = gst::Memory::with_size(size);
             {
@@ -360,7 +406,7 @@ impl Worker {
             }
             self.shared.copied.fetch_add(1, Ordering::Relaxed);
             // Copies for downstream's sake are the producer's to count, and said once.
-            if let Some(held) = copy.filter(|_| !frame.is_on_device()) {
+            if let Some(held) = copy {
                 let n = conn.count_copy();
                 if !self.copy_warned {
                     self.copy_warned = true;
@@ -419,12 +465,18 @@ impl Worker {
         let metas = ahead.as_ref().map(|a| a.metas);
         // A memory put in ahead for another slot goes (the frame came elsewhere).
         let unused = ahead.as_mut().and_then(|a| a.slot.take());
-        let mut buffer = ahead.map(|a| a.buffer).unwrap_or_default();
+        let in_pool = cuda_buffer.is_some();
+        let (mut buffer, metas) = match cuda_buffer {
+            // The pool's buffer, with its own VideoMeta (its pitched layout); the one made
+            // ahead is not used.
+            Some(b) => (b, None),
+            None => (ahead.map(|a| a.buffer).unwrap_or_default(), metas),
+        };
         {
             let b = buffer.get_mut().ok_or_else(|| {
                 gst::error_msg!(gst::CoreError::Failed, ("A new buffer is not writable"))
             })?;
-            if let Some(u) = unused {
+            if let Some(u) = unused.filter(|_| !in_pool) {
                 // Back among the spares, for the next frame in that slot.
                 let mem = b.memory(0);
                 b.remove_all_memory();
@@ -458,7 +510,7 @@ impl Worker {
                 self.dropped_seen = dropped;
             }
             b.set_flags(flags);
-            if let Some(info) = &stream.video {
+            if let Some(info) = stream.video.as_ref().filter(|_| !in_pool) {
                 // check_layout() bounded n_planes by the caps' (at most MAX_PLANES).
                 let n = (m.n_planes as usize).min(MAX_PLANES);
                 let offsets = m.plane_offset.map(|o| o as usize);
@@ -530,6 +582,7 @@ impl Worker {
                 arrival_ns,
                 conn_serial: self.serial,
                 slot,
+                on_device: device,
             },
             headers,
         }))
@@ -553,6 +606,65 @@ impl Worker {
             ]
         );
     }
+}
+
+/// Copies a device-ring frame into a buffer of `out`'s CUDA pool, plane by plane on the GPU
+/// (the pool pitches its rows: its VideoMeta says how).
+fn copy_to_cuda_pool(out: &CudaOut, frame: &Frame) -> Result<gst::Buffer, String> {
+    let ring = frame.lease.ring();
+    let mem = crate::cuda::vmm::of(ring.attachment()).ok_or("the frame is not in GPU memory")?;
+    let (src, _) = frame
+        .device_ptr()
+        .ok_or("the frame lies outside its ring's GPU memory")?;
+    let geometry = frame.layout()?;
+    let mut buffer = out
+        .pool
+        .acquire_buffer(None)
+        .map_err(|e| format!("the CUDA buffer pool gave no buffer: {e:?}"))?;
+    let b = buffer.make_mut();
+    let vm = b
+        .meta::<gst_video::VideoMeta>()
+        .ok_or("the CUDA buffer pool's buffers have no GstVideoMeta")?;
+    let (offsets, strides) = (vm.offset().to_vec(), vm.stride().to_vec());
+    if offsets.len() != geometry.planes.len() {
+        return Err(format!(
+            "the pool's buffers have {} planes, the frame {}",
+            offsets.len(),
+            geometry.planes.len()
+        ));
+    }
+    let planes: Vec<_> = geometry
+        .planes
+        .iter()
+        .zip(offsets.iter().zip(&strides))
+        .map(|(p, (&o, &st))| crate::cuda::vmm::Plane2d {
+            src_offset: p.offset,
+            src_pitch: p.stride as u64,
+            dst_offset: o as u64,
+            dst_pitch: st.max(0) as u64,
+            row_bytes: p.row_bytes as u64,
+            rows: p.rows as u64,
+        })
+        .collect();
+    // SAFETY: MAP_CUDA maps the pool's GstCudaMemory to its device address for writing; the
+    // map is undone below, after the copy finished (it is synchronous).
+    unsafe {
+        let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+        if gst::glib::ffi::GFALSE
+            == gst::ffi::gst_buffer_map(
+                b.as_mut_ptr(),
+                map.as_mut_ptr(),
+                gst::ffi::GST_MAP_WRITE | crate::cuda::gstcuda::MAP_CUDA,
+            )
+        {
+            return Err("cannot map the CUDA pool's buffer on the GPU".into());
+        }
+        let mut map = map.assume_init();
+        let copied = mem.copy_planes_to_device(src, map.data as u64, map.size as u64, &planes);
+        gst::ffi::gst_buffer_unmap(b.as_mut_ptr(), &mut map);
+        copied.map_err(|e| e.to_string())?;
+    }
+    Ok(buffer)
 }
 
 /// Sets the flags and plane layout of a VideoMeta made ahead (its format and size are the

@@ -102,6 +102,23 @@ pub(super) struct Details {
     pub conn_serial: u64,
     /// The ring and address of a zero-copy frame (`None`: copied), for CUDA registration.
     pub slot: Option<(Arc<ConsumerRing>, usize)>,
+    /// The GPU (ordinal) of the device ring the frame came from (`None`: a host ring):
+    /// downstream may take it in CUDA memory.
+    pub on_device: Option<i32>,
+}
+
+/// Where device-ring frames of one stream go when downstream takes CUDA memory: a buffer
+/// pool of GStreamer's CUDA library (in the CUDA context the pipeline shares), active.
+pub(super) struct CudaOut {
+    pub pool: gst::BufferPool,
+    /// The producer's caps the pool was made for.
+    pub caps: Arc<str>,
+}
+
+impl Drop for CudaOut {
+    fn drop(&mut self) {
+        let _ = self.pool.set_active(false);
+    }
 }
 
 /// What a caps string describes (parsed once per caps, shared by its frames).
@@ -200,11 +217,41 @@ pub(super) struct Shared {
     connected: AtomicBool,
     /// The streaming thread reads the ring (or connects) itself: a flush must wake it.
     streaming_reads: AtomicBool,
+    /// Downstream takes device-ring frames in CUDA memory (set by the streaming thread once
+    /// it negotiated that).
+    cuda_out: Mutex<Option<Arc<CudaOut>>>,
 }
 
 impl Shared {
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Device-ring frames of `caps` go into this CUDA pool from now on (`None`: system
+    /// memory).
+    pub fn set_cuda_out(&self, out: Option<(gst::BufferPool, Arc<str>)>) {
+        let new = out.map(|(pool, caps)| Arc::new(CudaOut { pool, caps }));
+        let old = std::mem::replace(
+            &mut *self.cuda_out.lock().unwrap_or_else(|e| e.into_inner()),
+            new,
+        );
+        drop(old);
+    }
+
+    /// The CUDA pool device-ring frames of `caps` go into, if downstream takes CUDA memory.
+    pub fn cuda_pool_for(&self, caps: &Arc<str>) -> Option<gst::BufferPool> {
+        self.cuda_out_for(caps).map(|o| o.pool.clone())
+    }
+
+    /// The CUDA pool for device-ring frames of `caps`, if downstream takes them in CUDA
+    /// memory.
+    fn cuda_out_for(&self, caps: &Arc<str>) -> Option<Arc<CudaOut>> {
+        self.cuda_out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .filter(|o| o.caps == *caps)
+            .cloned()
     }
 
     /// The pipeline goes to PLAYING: the receiver connects (the first time) and queues

@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: MPL-2.0
+//! GStreamer's CUDA library (`libgstcuda-1.0`, public since GStreamer 1.22), loaded at run
+//! time: the plugin still loads on 1.20 (JetPack 6) and without CUDA, and the few calls the
+//! elements need (the CUDA context every nvcodec element shares, CUDA buffer pools) are bound
+//! here with libloading, the way [`super::nvrtc`] binds NVRTC.
+//!
+//! The elements never touch a `GstCudaMemory` field: device addresses come from mapping a
+//! buffer with [`MAP_CUDA`], plane layouts from its `GstVideoMeta`.
+
+use std::ffi::c_int;
+
+use gst::glib;
+use gst::glib::translate::{from_glib_full, ToGlibPtr};
+use gst::prelude::*;
+use libloading::Library;
+use once_cell::sync::OnceCell;
+
+/// `GST_MAP_CUDA` (gst/cuda/gstcudamemory.h, 1.22: `GST_MAP_FLAG_LAST << 1`): maps a
+/// GstCudaMemory to its device address instead of a host copy.
+pub const MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
+
+/// The caps feature of buffers in CUDA device memory.
+pub const CUDA_MEMORY: &str = "memory:CUDAMemory";
+
+/// The context type of a GstCudaContext (`GST_CUDA_CONTEXT_TYPE`).
+pub const CONTEXT_TYPE: &str = "gst.cuda.context";
+
+/// The library names tried, in order.
+const LIBRARY_NAMES: [&str; 2] = ["libgstcuda-1.0.so.0", "libgstcuda-1.0.so"];
+
+type Ctx = *mut gst::ffi::GstObject;
+
+struct Fns {
+    load_library: unsafe extern "C" fn() -> glib::ffi::gboolean,
+    memory_init_once: unsafe extern "C" fn(),
+    ensure_element_context:
+        unsafe extern "C" fn(*mut gst::ffi::GstElement, c_int, *mut Ctx) -> glib::ffi::gboolean,
+    handle_set_context: unsafe extern "C" fn(
+        *mut gst::ffi::GstElement,
+        *mut gst::ffi::GstContext,
+        c_int,
+        *mut Ctx,
+    ) -> glib::ffi::gboolean,
+    handle_context_query: unsafe extern "C" fn(
+        *mut gst::ffi::GstElement,
+        *mut gst::ffi::GstQuery,
+        Ctx,
+    ) -> glib::ffi::gboolean,
+    buffer_pool_new: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstBufferPool,
+    is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
+}
+
+struct GstCuda {
+    /// Keeps the symbols below loaded.
+    _lib: Library,
+    f: Fns,
+}
+
+// SAFETY: only function pointers are stored; the library's calls are thread-safe.
+unsafe impl Send for GstCuda {}
+unsafe impl Sync for GstCuda {}
+
+/// # Safety
+/// `lib` must be GStreamer's CUDA library (these C signatures are those of 1.22 and later).
+unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        Ok(Fns {
+            load_library: *lib.get(b"gst_cuda_load_library\0")?,
+            memory_init_once: *lib.get(b"gst_cuda_memory_init_once\0")?,
+            ensure_element_context: *lib.get(b"gst_cuda_ensure_element_context\0")?,
+            handle_set_context: *lib.get(b"gst_cuda_handle_set_context\0")?,
+            handle_context_query: *lib.get(b"gst_cuda_handle_context_query\0")?,
+            buffer_pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0")?,
+            is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
+        })
+    }
+}
+
+fn open() -> Result<GstCuda, String> {
+    let mut tried = Vec::new();
+    for name in LIBRARY_NAMES {
+        // SAFETY: a GStreamer library: its initialisers only register types.
+        let lib = match unsafe { Library::new(name) } {
+            Ok(l) => l,
+            Err(e) => {
+                tried.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        // SAFETY: the library is GStreamer's CUDA library by name.
+        match unsafe { bind(&lib) } {
+            Ok(f) => {
+                // SAFETY: plain calls, once per process (guarded by the OnceCell below).
+                unsafe {
+                    if (f.load_library)() == glib::ffi::GFALSE {
+                        return Err(format!("{name} could not load libcuda"));
+                    }
+                    (f.memory_init_once)();
+                }
+                return Ok(GstCuda { _lib: lib, f });
+            }
+            Err(e) => tried.push(format!("{name}: {e} (GStreamer older than 1.22?)")),
+        }
+    }
+    Err(format!(
+        "GStreamer's CUDA library (libgstcuda-1.0, GStreamer ≥ 1.22 with nvcodec) is not usable: {}",
+        tried.join("; ")
+    ))
+}
+
+fn lib() -> Result<&'static GstCuda, String> {
+    static LIB: OnceCell<Result<GstCuda, String>> = OnceCell::new();
+    LIB.get_or_init(open).as_ref().map_err(Clone::clone)
+}
+
+/// Whether GStreamer's CUDA library loads here (and found libcuda): CUDA memory caps are
+/// offered only then. The reason otherwise.
+pub fn available() -> Result<(), String> {
+    lib().map(|_| ())
+}
+
+/// A `GstCudaContext`: the CUDA context GStreamer's CUDA elements of a pipeline share.
+#[derive(Clone, Debug)]
+pub struct Context(gst::Object);
+
+impl Context {
+    /// The device ordinal it is on (its `cuda-device-id`).
+    pub fn device_id(&self) -> i32 {
+        let v = self.0.property_value("cuda-device-id");
+        v.get::<u32>()
+            .map(|d| d as i32)
+            .or_else(|_| v.get::<i32>())
+            .unwrap_or(-1)
+    }
+
+    fn as_ptr(&self) -> Ctx {
+        self.0.to_glib_none().0
+    }
+}
+
+/// Calls `f` with `ctx` as a `GstCudaContext **` in/out argument, taking over what it leaves
+/// there when it replaced it.
+fn with_slot(ctx: &mut Option<Context>, f: impl FnOnce(*mut Ctx) -> bool) -> bool {
+    let old = ctx.as_ref().map_or(std::ptr::null_mut(), Context::as_ptr);
+    let mut slot = old;
+    let ok = f(&mut slot);
+    if slot != old && !slot.is_null() {
+        // SAFETY: the library hands a new (full) reference in the slot.
+        *ctx = Some(Context(unsafe { from_glib_full(slot) }));
+    }
+    ok
+}
+
+/// Finds the CUDA context of `device` (-1: any) the way GStreamer's CUDA elements do: from
+/// `ctx` if set, a neighbour (CONTEXT query), the application (NEED_CONTEXT), or a new one it
+/// then shares (HAVE_CONTEXT). `false` when none could be had.
+pub fn ensure_element_context(
+    element: &gst::Element,
+    device: i32,
+    ctx: &mut Option<Context>,
+) -> bool {
+    let Ok(l) = lib() else { return false };
+    with_slot(ctx, |slot| {
+        // SAFETY: a live element; `slot` is a valid in/out pointer.
+        unsafe { (l.f.ensure_element_context)(element.to_glib_none().0, device, slot) != 0 }
+    })
+}
+
+/// `GstElement::set_context`: takes a CUDA context of `device` (-1: any) handed by the
+/// application or a neighbour, unless `ctx` is set already.
+pub fn handle_set_context(
+    element: &gst::Element,
+    context: &gst::Context,
+    device: i32,
+    ctx: &mut Option<Context>,
+) -> bool {
+    let Ok(l) = lib() else { return false };
+    with_slot(ctx, |slot| {
+        // SAFETY: live objects; `slot` is a valid in/out pointer.
+        unsafe {
+            (l.f.handle_set_context)(
+                element.to_glib_none().0,
+                context.to_glib_none().0,
+                device,
+                slot,
+            ) != 0
+        }
+    })
+}
+
+/// Answers a CONTEXT query for the CUDA context with `ctx`; `false` for other queries.
+pub fn handle_context_query(
+    element: &gst::Element,
+    query: &mut gst::QueryRef,
+    ctx: Option<&Context>,
+) -> bool {
+    let (Ok(l), Some(ctx)) = (lib(), ctx) else {
+        return false;
+    };
+    // SAFETY: live objects; the query is writable (we hold it mutably).
+    unsafe {
+        (l.f.handle_context_query)(element.to_glib_none().0, query.as_mut_ptr(), ctx.as_ptr()) != 0
+    }
+}
+
+/// A `GstCudaBufferPool` allocating CUDA memory in `ctx` (buffers carry a GstVideoMeta with
+/// the pool's pitched layout).
+pub fn buffer_pool(ctx: &Context) -> Option<gst::BufferPool> {
+    let l = lib().ok()?;
+    // SAFETY: a live GstCudaContext; the pool comes with a full (sunk) reference.
+    unsafe {
+        let p = (l.f.buffer_pool_new)(ctx.as_ptr());
+        (!p.is_null()).then(|| from_glib_full(p))
+    }
+}
+
+/// Whether `mem` is a GstCudaMemory.
+pub fn is_cuda_memory(mem: &gst::MemoryRef) -> bool {
+    lib().is_ok_and(|l| {
+        // SAFETY: a live memory.
+        unsafe { (l.f.is_cuda_memory)(mem.as_mut_ptr()) != 0 }
+    })
+}
+
+/// `caps` with every structure's features replaced by memory:CUDAMemory.
+pub fn with_cuda_feature(caps: &gst::Caps) -> gst::Caps {
+    let mut c = caps.copy();
+    if let Some(c) = c.get_mut() {
+        for i in 0..c.size() {
+            c.set_features(i, Some(gst::CapsFeatures::new([CUDA_MEMORY])));
+        }
+    }
+    c
+}
