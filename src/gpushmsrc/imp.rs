@@ -459,11 +459,13 @@ impl GpuShmSrc {
         let obj = self.obj();
         let pad = obj.src_pad();
         let cuda_caps = gstcuda::with_cuda_feature(caps);
-        let peer = pad.peer_query_caps(Some(&cuda_caps));
+        // Unfiltered: an element taking ANY would otherwise answer the filter itself.
+        let peer = pad.peer_query_caps(None);
         let asks = !peer.is_any()
             && peer
                 .iter_with_features()
-                .any(|(_, f)| !f.is_any() && f.contains(gstcuda::CUDA_MEMORY));
+                .any(|(_, f)| !f.is_any() && f.contains(gstcuda::CUDA_MEMORY))
+            && peer.can_intersect(&cuda_caps);
         if !asks {
             return None;
         }
