@@ -6,7 +6,7 @@
 //
 // The kernel is written for memory that sits across the bus (host memory registered with
 // cuMemHostRegister and read in place): 16-byte loads, several independent loads in flight
-// per thread, one atomic per warp and channel at the end.
+// per thread, one atomic per block and channel at the end.
 //
 // No headers: this file is also compiled at run time with NVRTC.
 
@@ -105,14 +105,31 @@ extern "C" __global__ void gpushm_sum_plane(const unsigned char* __restrict__ ba
         }
     }
 
-    // Warp reduction, then one atomic per warp and channel.
+    // Warp reduction, then the block's warps in shared memory, then one atomic per block and
+    // channel (one per warp made thousands of atomics on the same four words per frame).
+    __shared__ u64 part[4][32];
+    const u32 lane = threadIdx.x & 31u;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 nwarps = (blockDim.x + 31u) >> 5;
     for (u32 ch = 0; ch < channels; ++ch) {
         u64 s = acc[ch];
         for (int off = 16; off > 0; off >>= 1) {
             s += __shfl_down_sync(0xffffffffu, s, off);
         }
-        if ((threadIdx.x & 31u) == 0 && s) {
-            atomicAdd(out + ch, s);
+        if (lane == 0) {
+            part[ch][warp] = s;
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        for (u32 ch = 0; ch < channels; ++ch) {
+            u64 s = lane < nwarps ? part[ch][lane] : 0;
+            for (int off = 16; off > 0; off >>= 1) {
+                s += __shfl_down_sync(0xffffffffu, s, off);
+            }
+            if (lane == 0 && s) {
+                atomicAdd(out + ch, s);
+            }
         }
     }
 }

@@ -4,11 +4,16 @@
 # with 3 consumers, against decoding in one process, same run. Needs nvcodec (nvh264dec,
 # cudadownload, cudaupload), x264enc and the gpushm plugin (on the GPU machine: . .device/env.sh).
 #   scripts/bench-decode-chain.sh [WIDTH HEIGHT FRAMES]
-# Prints the producer's wall time for each case (startup included):
+# Prints, for each case, the producer's wall time (startup included), frames per second over
+# it, and the CPU time of every process of the chain per frame:
 #   one process:  filesrc ! h264parse ! nvh264dec ! fakesink
-#   device ring:  nvh264dec ! gpushmsink (ring=auto: GPU memory) -> 3 x gpushmsrc ! fakesink
+#   device ring, CUDA memory out: nvh264dec ! gpushmsink (ring=auto: GPU memory)
+#                 -> 3 x gpushmsrc ! video/x-raw(memory:CUDAMemory) ! fakesink
+#                 (each consumer ends with the frame in its own CUDA memory, as cudaupload's)
+#   device ring, read in place: the same -> 3 x gpushmsrc ! cudasum ! fakesink
 #   host ring:    nvh264dec ! cudadownload ! video/x-raw ! gpushmsink ring=host
 #                 -> 3 x gpushmsrc ! cudaupload ! fakesink
+# The CPU times come from bash's `times` (each process's own user + system time).
 set -euo pipefail
 w=${1:-3840}; h=${2:-2160}; n=${3:-300}
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
@@ -19,26 +24,37 @@ gst-launch-1.0 -q videotestsrc num-buffers="$n" pattern=ball \
   ! h264parse ! video/x-h264,stream-format=byte-stream,alignment=au ! filesink location="$file"
 now() { date +%s.%N; }
 secs() { echo "$1 $2" | awk '{printf "%.2f", $2 - $1}'; }
+# Runs "$@" and appends its user + system CPU seconds to $cpu_log.
+timed() { ( "$@"; local_t=$cpu_log.$BASHPID; times > "$local_t"; tail -1 "$local_t" | awk '{
+  split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%.3f\n", u[1]*60 + u[2] + s[1]*60 + s[2] }' >> "$cpu_log" ); }
+report() { # $1: name, $2: start, $3: end, $4: consumers
+  local t; t=$(secs "$2" "$3")
+  local cpu; cpu=$(awk '{c += $1} END {printf "%.2f", c}' "$cpu_log")
+  echo "$1: decode $n frames ${w}x$h, $4 consumers: $t s, $(echo "$n $t" | awk '{printf "%.0f", $1 / $2}') fps (producer wall); CPU $(echo "$cpu $n" | awk '{printf "%.2f", $1 * 1000 / $2}') ms per frame, all processes"
+}
 
+cpu_log=$dir/cpu.one; : > "$cpu_log"
 t0=$(now)
-gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! fakesink sync=false
-echo "one process: decode $n frames ${w}x$h: $(secs "$t0" "$(now)") s"
+timed gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! fakesink sync=false
+report "one process" "$t0" "$(now)" 0
 
 chain() { # $1: producer tail, $2: consumer tail, $3: name, $4: socket name
   local sock=$dir/$4.sock pids=()
+  cpu_log=$dir/cpu.$4; : > "$cpu_log"
   t0=$(now)
-  gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! $1 \
+  timed gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! $1 \
     socket-path="$sock" wait-for-connection=true sync=false &
   local prod=$!
   while [ ! -S "$sock" ]; do sleep 0.01; done
   for i in 1 2 3; do
-    gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless num-buffers="$n" ! $2 &
+    timed gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless num-buffers="$n" ! $2 &
     pids+=($!)
   done
   wait "$prod"
-  local t=$(secs "$t0" "$(now)")
+  local end; end=$(now)
   for p in "${pids[@]}"; do wait "$p" || true; done
-  echo "$3: decode $n frames ${w}x$h, 3 consumers: $t s (producer wall)"
+  report "$3" "$t0" "$end" 3
 }
-chain "gpushmsink" "fakesink sync=false" "device ring" dev
+chain "gpushmsink" "video/x-raw(memory:CUDAMemory) ! fakesink sync=false" "device ring, CUDA memory out" dev
+chain "gpushmsink" "cudasum ! fakesink sync=false" "device ring, cudasum in place" devsum
 chain "cudadownload ! video/x-raw ! gpushmsink ring=host" "cudaupload ! fakesink sync=false" "host ring" host

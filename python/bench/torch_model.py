@@ -7,7 +7,10 @@ process, and this process feeds every frame it gets to resnet18 (random weights)
 resize, all on the GPU:
 - zero-copy: torch.from_dlpack(frame), the ring's registered memory read in place by the GPU;
 - copy: what an appsink app does, the frame copied into a NumPy array, then
-  torch.from_numpy(array).cuda().
+  torch.from_numpy(array).cuda();
+- device ring: the producer keeps its ring in GPU memory (gpushmsink ring=device after
+  cudaupload, or a Publisher with cuda_device=0), this process subscribes with
+  device_memory=True and torch.from_dlpack(frame) aliases the frame in GPU memory.
 
 Two runs per size and path: live at 30 fps (latency from the producer's publish to the model's
 output, CPU time of this process per frame) and flat out: a Python gpushm.Publisher in another
@@ -39,8 +42,23 @@ import gpushm
 SIZES = {"1080p": (1920, 1080), "4K": (3840, 2160)}
 
 
-def publish_flat_out(sock, w, h):
-    """Run in a child process: republish 8 pre-rendered frames forever."""
+def publish_flat_out(sock, w, h, device):
+    """Run in a child process: republish 8 pre-rendered frames forever (from CUDA tensors,
+    one device-to-device copy each, into a device ring when `device`)."""
+    if device:
+        pub = gpushm.Publisher(sock, "RGBA", w, h, fps=1000, slots=8, cuda_device=0)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        frames = [
+            torch.randint(0, 256, (h, w, 4), dtype=torch.uint8, device="cuda", generator=g)
+            for _ in range(8)
+        ]
+        n = 0
+        while True:
+            try:
+                pub.publish(frames[n % 8], timeout=5)
+            except (gpushm.Error, gpushm.Timeout):
+                continue
+            n += 1
     pub = gpushm.Publisher(sock, "RGBA", w, h, fps=1000, slots=8)
     n = 0
     while True:
@@ -56,17 +74,19 @@ def publish_flat_out(sock, w, h):
         n += 1
 
 
-def producer(sock, w, h, live):
+def producer(sock, w, h, live, device):
     if not live:
         return subprocess.Popen(
-            [sys.executable, __file__, "--publish", sock, str(w), str(h)],
+            [sys.executable, __file__, "--publish", sock, str(w), str(h), str(int(device))],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
     caps = f"video/x-raw,format=RGBA,width={w},height={h},framerate=30/1"
     src = f"videotestsrc is-live={'true' if live else 'false'} pattern=ball"
+    upload = "! cudaupload ! video/x-raw(memory:CUDAMemory) " if device else ""
+    ring = "device" if device else "host"
     return subprocess.Popen(
-        ["gst-launch-1.0", "-q", *f"{src} ! {caps} ! gpushmsink socket-path={sock} slots=8 sync={'true' if live else 'false'}".split()],
+        ["gst-launch-1.0", "-q", *f"{src} ! {caps} {upload}! gpushmsink ring={ring} socket-path={sock} slots=8 sync={'true' if live else 'false'}".split()],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -75,9 +95,10 @@ def producer(sock, w, h, live):
 def run(model, w, h, path, live, frames):
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "cam.sock")
-        p = producer(sock, w, h, live)
+        device = path == "device ring"
+        p = producer(sock, w, h, live, device)
         try:
-            with gpushm.Subscriber(sock, timeout=10) as sub:
+            with gpushm.Subscriber(sock, timeout=10, device_memory=device) as sub:
                 for _ in range(10):  # warm-up: CUDA, cuDNN, registration
                     infer(model, sub.next_frame(), path)
                 torch.cuda.synchronize()
@@ -103,7 +124,7 @@ def run(model, w, h, path, live, frames):
 
 @torch.no_grad()
 def infer(model, frame, path):
-    if path == "zero-copy":
+    if path in ("zero-copy", "device ring"):
         x = torch.from_dlpack(frame)
     else:
         x = torch.from_numpy(np.array(frame.numpy())).cuda()
@@ -115,19 +136,21 @@ def infer(model, frame, path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=150)
-    ap.add_argument("--publish", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--sizes", default=",".join(SIZES), help="comma-separated: " + ", ".join(SIZES))
+    ap.add_argument("--publish", nargs=4, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.publish:
-        sock, w, h = a.publish
-        return publish_flat_out(sock, int(w), int(h))
+        sock, w, h, device = a.publish
+        return publish_flat_out(sock, int(w), int(h), device == "1")
     torch.backends.cudnn.benchmark = True
     model = torchvision.models.resnet18(weights=None).cuda().eval()
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {os.cpu_count()} CPUs, {a.frames} frames per run")
     print()
     print("| size | path | live 30 fps: latency p50 / p99 (ms) | CPU per frame (ms) | flat out: fps | CPU per frame (ms) |")
     print("|---|---|---|---|---|---|")
-    for name, (w, h) in SIZES.items():
-        for path in ("zero-copy", "copy"):
+    for name in a.sizes.split(","):
+        w, h = SIZES[name]
+        for path in ("device ring", "zero-copy", "copy"):
             live = run(model, w, h, path, True, a.frames)
             flat = run(model, w, h, path, False, a.frames)
             print(

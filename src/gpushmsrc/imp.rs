@@ -865,7 +865,7 @@ impl ElementImpl for GpuShmSrc {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video source",
                 "Source/Video",
-                "Receives raw or encoded video, audio or any stream from a gpushmsink in another process without copying its bytes; caps come from the producer. Joining an encoded stream, it starts at a keyframe, after the caps' stream headers. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
+                "Receives raw or encoded video, audio or any stream from a gpushmsink in another process without copying its bytes; caps come from the producer. Joining an encoded stream, it starts at a keyframe, after the caps' stream headers. A producer's device ring (GPU memory) is read in place (cudasum, GpuShmCudaMeta; CPU elements get a copy when they map a frame) or, where downstream asks for memory:CUDAMemory, copied on the GPU into a CUDA buffer pool. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
                 "gpushm developers",
             )
         });
