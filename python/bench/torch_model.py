@@ -98,7 +98,8 @@ def run(model, w, h, path, live, frames):
         device = path == "device ring"
         p = producer(sock, w, h, live, device)
         try:
-            with gpushm.Subscriber(sock, timeout=10, device_memory=device) as sub:
+            # The flat-out publisher imports torch before it listens: allow it that.
+            with gpushm.Subscriber(sock, timeout=60, device_memory=device) as sub:
                 for _ in range(10):  # warm-up: CUDA, cuDNN, registration
                     infer(model, sub.next_frame(), path)
                 torch.cuda.synchronize()
