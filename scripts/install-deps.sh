@@ -33,6 +33,11 @@ py=/usr/bin/python3; [ -x "$py" ] || py=python3
 # make test builds the Python package in a venv.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
 gst-inspect-1.0 checksumsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
+# The C API: cbindgen writes gpushm.h (CI checks the committed one is current); its tests and
+# examples are built with the system's C and C++ compilers, the C++ one against OpenCV.
+command -v cbindgen >/dev/null 2>&1 || pkgs+=(cbindgen)
+command -v c++ >/dev/null 2>&1 || pkgs+=(g++)
+[ -e /usr/include/opencv4/opencv2/imgcodecs.hpp ] || pkgs+=(libopencv-core-dev libopencv-imgcodecs-dev)
 
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "Installing: ${pkgs[*]}"

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MPL-2.0
-# Called by meson.build: cargo-builds the plugin and copies it to meson's output path.
-#   meson-cargo.sh SOURCE_DIR debug|release OUTPUT
+# Called by meson.build: cargo-builds the plugin (or the C API, with PACKAGE=gpushm-capi) and
+# copies the library to meson's output path.
+#   meson-cargo.sh SOURCE_DIR debug|release OUTPUT [PACKAGE]
 set -euo pipefail
-src=$1 profile=$2 out=$(realpath -m "$3")
+src=$1 profile=$2 out=$(realpath -m "$3") package=${4:-}
 cd "$src"
-if [ "$profile" = release ]; then cargo build --locked --lib --release; else cargo build --locked --lib; fi
-cp "${CARGO_TARGET_DIR:-target}/$profile/libgstgpushm.so" "$out"
+args=(--locked); [ "$profile" = release ] && args+=(--release)
+if [ "$package" = gpushm-capi ]; then
+  cargo build "${args[@]}" -p gpushm-capi; lib=libgpushm.so
+else
+  cargo build "${args[@]}" --lib; lib=libgstgpushm.so
+fi
+cp "${CARGO_TARGET_DIR:-target}/$profile/$lib" "$out"

@@ -1,0 +1,1146 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The C API of gpushm (`libgpushm.so`, `gpushm.h`, `gpushm.pc`): a thin layer over the core
+//! crate for C, C++ and OpenCV apps.
+//!
+//! Every function returns a status (`GPUSHM_OK`, a positive outcome such as `GPUSHM_TIMEOUT`,
+//! or a negative error) and leaves a message for the calling thread in
+//! [`gpushm_last_error`]. No call panics across the boundary (a caught panic is
+//! `GPUSHM_ERROR_INTERNAL`). Handles are generation-checked ids, not pointers to memory: a
+//! handle used after its destroy call, a NULL handle or one of another kind is
+//! `GPUSHM_ERROR_BAD_HANDLE`, never undefined behaviour. The header is generated from this file
+//! by cbindgen (`make capi-header`); CI checks it is current.
+
+//!
+//! # Safety
+//! The contract of every function is the C one, stated once here rather than on each: pointer
+//! arguments are NULL (an error code) or point to what their type says, strings are
+//! NUL-terminated, buffers are as long as the length passed with them.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)]
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use gpushm_core::client::{ConnectOptions, Delivery, Frame, Subscriber, Waker};
+use gpushm_core::format::{FrameGeometry, FrameLayout, VideoFormat};
+use gpushm_core::publisher::{Config, FramePublisher, SlotLease};
+use gpushm_core::Error;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+/// What every function returns: `GPUSHM_OK` (0), a positive outcome that is not an error
+/// (`GPUSHM_TIMEOUT`, `GPUSHM_EOS`, `GPUSHM_INTERRUPTED`), or a negative error code.
+pub type gpushm_status = c_int;
+
+/// Success.
+pub const GPUSHM_OK: gpushm_status = 0;
+/// Nothing came within the timeout (a frame, a free slot, a producer).
+pub const GPUSHM_TIMEOUT: gpushm_status = 1;
+/// The producer ended the stream: no frame follows.
+pub const GPUSHM_EOS: gpushm_status = 2;
+/// The wait was interrupted by `gpushm_subscriber_interrupt` (or the subscriber's destroy).
+pub const GPUSHM_INTERRUPTED: gpushm_status = 3;
+/// A NULL pointer, an out-of-range value or a malformed string among the arguments.
+pub const GPUSHM_ERROR_INVALID_ARGUMENT: gpushm_status = -1;
+/// A handle that is NULL, destroyed already, or of another kind.
+pub const GPUSHM_ERROR_BAD_HANDLE: gpushm_status = -2;
+/// A frame used after `gpushm_frame_release`, or a slot after it was published or discarded.
+pub const GPUSHM_ERROR_RELEASED: gpushm_status = -3;
+/// The producer went away (and `reconnect` is off, or no producer came back in time).
+pub const GPUSHM_ERROR_DISCONNECTED: gpushm_status = -4;
+/// The producer refused this consumer, saying why (see `gpushm_last_error`).
+pub const GPUSHM_ERROR_REFUSED: gpushm_status = -5;
+/// The peer broke the protocol or wrote invalid shared memory.
+pub const GPUSHM_ERROR_PROTOCOL: gpushm_status = -6;
+/// A system call failed (see `gpushm_last_error`).
+pub const GPUSHM_ERROR_SYSTEM: gpushm_status = -7;
+/// The request needs a CUDA GPU this process cannot use.
+pub const GPUSHM_ERROR_NO_GPU: gpushm_status = -8;
+/// A bug in gpushm, caught at the boundary (please report `gpushm_last_error`).
+pub const GPUSHM_ERROR_INTERNAL: gpushm_status = -9;
+
+/// A timestamp that is not set (PTS, DTS, duration).
+pub const GPUSHM_TIME_NONE: u64 = u64::MAX;
+/// Planes described at most.
+pub const GPUSHM_MAX_PLANES: usize = 4;
+
+/// A subscriber: one connection to a producer (a gpushmsink or a publisher).
+pub struct gpushm_subscriber {
+    _opaque: [u8; 0],
+}
+
+/// A frame received: valid, and never reused by the producer, until `gpushm_frame_release`
+/// (or `gpushm_frame_destroy`), even after its subscriber is destroyed.
+pub struct gpushm_frame {
+    _opaque: [u8; 0],
+}
+
+/// A publisher: serves frames at a socket path to any number of subscribers and gpushmsrc.
+pub struct gpushm_publisher {
+    _opaque: [u8; 0],
+}
+
+/// A free slot lent by a publisher, to fill and then publish (or discard).
+pub struct gpushm_slot {
+    _opaque: [u8; 0],
+}
+
+/// How a subscriber receives frames. Fill it with `gpushm_subscriber_options_init` first.
+#[repr(C)]
+pub struct gpushm_subscriber_options {
+    /// 0: auto (lossless from a producer that is not live, newest frames from a live one),
+    /// 1: lossless (the producer waits for this consumer), 2: leaky (newest frames, never
+    /// waited for).
+    pub mode: c_int,
+    /// How long `gpushm_subscriber_open` waits for a producer to appear, and a reconnect for
+    /// one to come back, in nanoseconds.
+    pub connect_timeout_ns: i64,
+    /// Accept frames only from a producer running as this user id (-1: any user, the
+    /// default; the producer's socket permissions still apply).
+    pub producer_uid: i64,
+    /// Non-zero: when the producer goes away, the next `gpushm_subscriber_next_frame`
+    /// connects again (waiting up to connect_timeout_ns), instead of returning
+    /// GPUSHM_ERROR_DISCONNECTED.
+    pub reconnect: c_int,
+    /// Non-zero: accept a producer's device ring (frames in GPU memory: read them through
+    /// `gpushm_frame_cuda_ptr`, their `data` pointers are NULL).
+    pub device_memory: c_int,
+    /// A name for the producer's logs and statistics (NULL: "pid N").
+    pub name: *const c_char,
+}
+
+/// One plane of a frame or slot.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct gpushm_plane {
+    /// The plane's first byte (NULL for a frame in GPU memory).
+    pub data: *mut u8,
+    /// Bytes from one row to the next.
+    pub stride: u32,
+    /// Rows.
+    pub rows: u32,
+    /// Visible bytes of each row.
+    pub row_bytes: u32,
+    /// Bytes from the frame's first byte to the plane's.
+    pub offset: u64,
+}
+
+/// What a frame (or a slot to fill) is. Pointers stay valid until the frame is released (the
+/// slot published or discarded).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct gpushm_frame_info {
+    /// GStreamer's name of the raw video format ("NV12", "RGBA", ...), empty when the stream
+    /// is not raw video (its bytes are then in `data`/`size` only).
+    pub format: [c_char; 16],
+    pub width: u32,
+    pub height: u32,
+    pub n_planes: u32,
+    pub planes: [gpushm_plane; GPUSHM_MAX_PLANES],
+    /// The whole frame (NULL for a frame in GPU memory) and its size in bytes.
+    pub data: *mut u8,
+    pub size: u64,
+    /// Presentation and decoding time stamps and duration in ns, as the producer set them
+    /// (GPUSHM_TIME_NONE: not set).
+    pub pts: u64,
+    pub dts: u64,
+    pub duration: u64,
+    /// The producer's frame counter (GstBuffer offset).
+    pub offset: u64,
+    /// GstBufferFlags of the frame (keyframe: not GST_BUFFER_FLAG_DELTA_UNIT = 1 << 13).
+    pub flags: u32,
+    /// When the producer published it (CLOCK_MONOTONIC ns).
+    pub publish_ns: u64,
+    /// Non-zero: the frame is in GPU memory (a device ring): use `gpushm_frame_cuda_ptr`.
+    pub on_device: c_int,
+}
+
+/// How a publisher serves frames. Fill it with `gpushm_publisher_options_init` first.
+#[repr(C)]
+pub struct gpushm_publisher_options {
+    /// Raw video format, GStreamer's name ("NV12", "I420", "RGBA", "BGRx", "GRAY8", ...).
+    pub format: *const c_char,
+    pub width: u32,
+    pub height: u32,
+    /// Frame rate, fps_n / fps_d.
+    pub fps_n: u32,
+    pub fps_d: u32,
+    /// Frames in the ring (2..64).
+    pub slots: u32,
+    /// Permissions of the socket file (0600 by default: this user only).
+    pub perms: u32,
+    /// -1 (the default): the ring in host memory; a CUDA device ordinal: a device ring in
+    /// that GPU's memory (consumers must accept device memory).
+    pub cuda_device: c_int,
+}
+
+// ------------------------------------------------------------------------------------------
+// Errors and the boundary.
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_error(msg: &str) {
+    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// A status and its message.
+struct Fail(gpushm_status, String);
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::Timeout(_) => GPUSHM_TIMEOUT,
+            Error::Interrupted => GPUSHM_INTERRUPTED,
+            Error::Disconnected => GPUSHM_ERROR_DISCONNECTED,
+            Error::Refused(_) | Error::WrongPeer(_) | Error::Busy(_) => GPUSHM_ERROR_REFUSED,
+            Error::Protocol(_) | Error::Corrupt(_) => GPUSHM_ERROR_PROTOCOL,
+            Error::Invalid(_) => GPUSHM_ERROR_INVALID_ARGUMENT,
+            _ => GPUSHM_ERROR_SYSTEM,
+        };
+        Fail(code, e.to_string())
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> Fail {
+    Fail(GPUSHM_ERROR_INVALID_ARGUMENT, msg.into())
+}
+
+/// Runs `f` at the boundary: its status, its message for gpushm_last_error, panics caught.
+fn guard(f: impl FnOnce() -> Result<gpushm_status, Fail>) -> gpushm_status {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(code)) => {
+            if code == GPUSHM_OK {
+                set_error("");
+            }
+            code
+        }
+        Ok(Err(Fail(code, msg))) => {
+            set_error(&msg);
+            code
+        }
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            set_error(&format!("internal error (a bug in gpushm): {what}"));
+            GPUSHM_ERROR_INTERNAL
+        }
+    }
+}
+
+fn out_ptr<T>(p: *mut T, what: &str) -> Result<*mut T, Fail> {
+    if p.is_null() {
+        Err(invalid(format!("{what} is NULL")))
+    } else {
+        Ok(p)
+    }
+}
+
+/// # Safety
+/// `s` is NULL or a NUL-terminated string.
+unsafe fn string(s: *const c_char, what: &str) -> Result<String, Fail> {
+    if s.is_null() {
+        return Err(invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: the caller's contract.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map(str::to_owned)
+        .map_err(|_| invalid(format!("{what} is not UTF-8")))
+}
+
+fn timeout(ns: i64) -> Option<Duration> {
+    (ns >= 0).then(|| Duration::from_nanos(ns as u64))
+}
+
+// ------------------------------------------------------------------------------------------
+// Handles: generation-checked ids in opaque pointers.
+
+/// Kinds of handle (the id's top byte).
+const KIND_SUBSCRIBER: u64 = 1;
+const KIND_FRAME: u64 = 2;
+const KIND_PUBLISHER: u64 = 3;
+const KIND_SLOT: u64 = 4;
+const GEN_BITS: u32 = 24;
+const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+
+struct Entry<T> {
+    gen: u64,
+    item: Option<Arc<T>>,
+}
+
+struct Table<T> {
+    kind: u64,
+    entries: Vec<Entry<T>>,
+    free: Vec<usize>,
+}
+
+impl<T> Table<T> {
+    const fn new(kind: u64) -> Self {
+        Self {
+            kind,
+            entries: Vec::new(),
+            free: Vec::new(),
+        }
+    }
+
+    fn id(&self, index: usize, gen: u64) -> u64 {
+        (self.kind << 56) | (((index as u64) + 1) << GEN_BITS) | gen
+    }
+
+    fn insert(&mut self, item: Arc<T>) -> u64 {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.entries.push(Entry { gen: 1, item: None });
+                self.entries.len() - 1
+            }
+        };
+        let e = &mut self.entries[index];
+        e.item = Some(item);
+        let gen = e.gen;
+        self.id(index, gen)
+    }
+
+    fn index(&self, id: u64) -> Option<usize> {
+        if id >> 56 != self.kind {
+            return None;
+        }
+        let i = ((id & ((1 << 56) - 1)) >> GEN_BITS).checked_sub(1)? as usize;
+        let e = self.entries.get(i)?;
+        (e.gen == id & GEN_MASK && e.item.is_some()).then_some(i)
+    }
+
+    fn get(&self, id: u64) -> Option<Arc<T>> {
+        self.index(id).and_then(|i| self.entries[i].item.clone())
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Arc<T>> {
+        let i = self.index(id)?;
+        let e = &mut self.entries[i];
+        // Generation 0 is never handed out: ids are never NULL and a stale id never matches.
+        e.gen = (e.gen + 1) & GEN_MASK;
+        if e.gen == 0 {
+            e.gen = 1;
+        }
+        self.free.push(i);
+        e.item.take()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static SUBSCRIBERS: Mutex<Table<SubObj>> = Mutex::new(Table::new(KIND_SUBSCRIBER));
+static FRAMES: Mutex<Table<FrameObj>> = Mutex::new(Table::new(KIND_FRAME));
+static PUBLISHERS: Mutex<Table<PubObj>> = Mutex::new(Table::new(KIND_PUBLISHER));
+static SLOTS: Mutex<Table<SlotObj>> = Mutex::new(Table::new(KIND_SLOT));
+
+fn bad_handle(what: &str) -> Fail {
+    Fail(
+        GPUSHM_ERROR_BAD_HANDLE,
+        format!("not a live {what} handle (NULL, destroyed, or another kind)"),
+    )
+}
+
+fn get<T>(table: &Mutex<Table<T>>, h: *const std::ffi::c_void, what: &str) -> Result<Arc<T>, Fail> {
+    lock(table).get(h as u64).ok_or_else(|| bad_handle(what))
+}
+
+// ------------------------------------------------------------------------------------------
+// Subscribers.
+
+struct SubObj {
+    path: PathBuf,
+    opts: ConnectOptions,
+    reconnect: bool,
+    waker: Waker,
+    /// The connection (`None` after the producer went away, until it is reconnected).
+    conn: Mutex<Option<Subscriber>>,
+    /// What `gpushm_subscriber_fd` returns: readable when the connection's descriptors are,
+    /// or when `kick` is (no connection: the next call reconnects).
+    epoll: Epoll,
+    kick: EventFd,
+}
+
+impl SubObj {
+    fn watch(&self, sub: &Subscriber) -> Result<(), Fail> {
+        for fd in sub.poll_fds() {
+            // SAFETY: the subscriber keeps `fd` open while it lives; it is removed from the
+            // epoll set when closed.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            self.epoll
+                .add(
+                    fd,
+                    EpollEvent::new(EpollFlags::EPOLLIN, fd.as_raw_fd() as u64),
+                )
+                .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_ctl: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// Fills `opts` with the defaults: auto delivery, 5 s to connect, any producer user, no
+/// reconnect, host memory only, no name.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_options_init(
+    opts: *mut gpushm_subscriber_options,
+) -> gpushm_status {
+    guard(|| {
+        let o = out_ptr(opts, "opts")?;
+        // SAFETY: checked non-NULL; the caller's struct.
+        unsafe {
+            o.write(gpushm_subscriber_options {
+                mode: 0,
+                connect_timeout_ns: 5_000_000_000,
+                producer_uid: -1,
+                reconnect: 0,
+                device_memory: 0,
+                name: std::ptr::null(),
+            })
+        };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Connects to the producer serving `path` (waiting up to `opts->connect_timeout_ns` for one to
+/// appear; NULL `opts`: the defaults). On success `*out` is a subscriber to destroy with
+/// `gpushm_subscriber_destroy`. GPUSHM_TIMEOUT when no producer came.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_open(
+    path: *const c_char,
+    opts: *const gpushm_subscriber_options,
+    out: *mut *mut gpushm_subscriber,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(out, "out")?;
+        // SAFETY: the caller passes a string.
+        let path = PathBuf::from(unsafe { string(path, "path") }?);
+        let mut o = ConnectOptions::default();
+        let mut reconnect = false;
+        if !opts.is_null() {
+            // SAFETY: non-NULL, the caller's initialised struct.
+            let opts = unsafe { &*opts };
+            o.mode = match opts.mode {
+                0 => Delivery::Auto,
+                1 => Delivery::Lossless,
+                2 => Delivery::Leaky,
+                m => {
+                    return Err(invalid(format!(
+                        "mode {m}: 0 (auto), 1 (lossless) or 2 (leaky)"
+                    )))
+                }
+            };
+            o.timeout = Duration::from_nanos(opts.connect_timeout_ns.max(0) as u64);
+            o.producer_uid = match opts.producer_uid {
+                -1 => None,
+                u if (0..=u32::MAX as i64).contains(&u) => Some(u as u32),
+                u => return Err(invalid(format!("producer_uid {u}: a user id, or -1"))),
+            };
+            reconnect = opts.reconnect != 0;
+            o.device_memory = opts.device_memory != 0;
+            if !opts.name.is_null() {
+                // SAFETY: non-NULL, the caller's string.
+                o.name = unsafe { string(opts.name, "name") }?;
+            }
+        }
+        let waker = Waker::new()?;
+        let sub = Subscriber::connect_with_waker(&path, &o, &waker)?;
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
+            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_create: {e}")))?;
+        let kick = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
+            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("eventfd: {e}")))?;
+        epoll
+            .add(kick.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, u64::MAX))
+            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_ctl: {e}")))?;
+        let obj = SubObj {
+            path,
+            opts: o,
+            reconnect,
+            waker,
+            conn: Mutex::new(None),
+            epoll,
+            kick,
+        };
+        obj.watch(&sub)?;
+        *lock(&obj.conn) = Some(sub);
+        let id = lock(&SUBSCRIBERS).insert(Arc::new(obj));
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(id as *mut gpushm_subscriber) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Waits up to `timeout_ns` (negative: as long as it takes; 0: only looks) for the next
+/// frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came.
+/// GPUSHM_EOS: the stream ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was
+/// called. Calls on one subscriber from several threads take turns.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_next_frame(
+    sub: *mut gpushm_subscriber,
+    timeout_ns: i64,
+    frame: *mut *mut gpushm_frame,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(frame, "frame")?;
+        let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        let deadline = timeout(timeout_ns).and_then(|t| Instant::now().checked_add(t));
+        let mut conn = lock(&s.conn);
+        loop {
+            if conn.is_none() {
+                // The producer went away: connect again (reconnect is on).
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                let mut o = s.opts.clone();
+                o.timeout = left.map_or(s.opts.timeout, |l| l.min(s.opts.timeout));
+                let c = Subscriber::connect_with_waker(&s.path, &o, &s.waker)?;
+                s.watch(&c)?;
+                let _ = s.kick.read();
+                *conn = Some(c);
+            }
+            let c = conn.as_mut().expect("connected above");
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            match c.next_frame(left) {
+                Ok(Some(f)) => {
+                    let id = lock(&FRAMES).insert(Arc::new(FrameObj::new(f)));
+                    // SAFETY: checked non-NULL.
+                    unsafe { out.write(id as *mut gpushm_frame) };
+                    return Ok(GPUSHM_OK);
+                }
+                Ok(None) => {
+                    set_error("the producer ended the stream");
+                    return Ok(GPUSHM_EOS);
+                }
+                Err(Error::Disconnected) if s.reconnect => {
+                    *conn = None;
+                    // Readable until the next call has connected again.
+                    let _ = s.kick.write(1);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    })
+}
+
+/// A descriptor to wait on with poll/epoll/select (or an event loop such as a ROS executor)
+/// instead of blocking in `gpushm_subscriber_next_frame`: it is readable when a frame (or
+/// EOS, or news from the producer) may be there; then call `gpushm_subscriber_next_frame` with
+/// a timeout of 0. It belongs to the subscriber: do not close it.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_fd(
+    sub: *mut gpushm_subscriber,
+    fd: *mut c_int,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(fd, "fd")?;
+        let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        let raw: RawFd = s.epoll.0.as_raw_fd();
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(raw) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Makes a `gpushm_subscriber_next_frame` waiting on this subscriber (in another thread)
+/// return GPUSHM_INTERRUPTED now (or the next one, if none waits).
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_interrupt(sub: *mut gpushm_subscriber) -> gpushm_status {
+    guard(|| {
+        get(&SUBSCRIBERS, sub as _, "subscriber")?.waker.wake();
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// The producer's caps (a GStreamer caps string), copied into `buf` (`len` bytes, with the
+/// terminating NUL; truncated if longer). `*needed` (if not NULL) gets the length with NUL.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_caps(
+    sub: *mut gpushm_subscriber,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> gpushm_status {
+    guard(|| {
+        let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        let caps = lock(&s.conn)
+            .as_ref()
+            .and_then(|c| c.caps())
+            .map(|c| c.to_string())
+            .unwrap_or_default();
+        // SAFETY: the caller's buffer of `len` bytes, or NULL.
+        unsafe { copy_string(&caps, buf, len, needed) }
+    })
+}
+
+/// Closes the connection and frees the subscriber. Frames it gave stay valid until released.
+/// A `gpushm_subscriber_next_frame` waiting on it in another thread returns
+/// GPUSHM_INTERRUPTED.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_destroy(sub: *mut gpushm_subscriber) -> gpushm_status {
+    guard(|| {
+        let s = lock(&SUBSCRIBERS)
+            .remove(sub as u64)
+            .ok_or_else(|| bad_handle("subscriber"))?;
+        s.waker.wake();
+        drop(s);
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// # Safety
+/// `buf` is NULL or `len` writable bytes; `needed` NULL or writable.
+unsafe fn copy_string(
+    s: &str,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> Result<gpushm_status, Fail> {
+    if !needed.is_null() {
+        // SAFETY: the caller's contract.
+        unsafe { needed.write(s.len() + 1) };
+    }
+    if buf.is_null() || len == 0 {
+        return if needed.is_null() {
+            Err(invalid("buf is NULL (or len 0) and needed is NULL"))
+        } else {
+            Ok(GPUSHM_OK)
+        };
+    }
+    let n = s.len().min(len - 1);
+    // SAFETY: `n + 1 <= len` bytes of the caller's buffer.
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr() as *const c_char, buf, n);
+        buf.add(n).write(0);
+    }
+    Ok(GPUSHM_OK)
+}
+
+// ------------------------------------------------------------------------------------------
+// Frames.
+
+/// A received frame (its lease keeps the slot and the ring's mapping).
+struct HeldFrame(Frame);
+// SAFETY: a Frame's pointer is into a mapping its lease keeps alive; nothing in it is tied to
+// the thread that received it.
+unsafe impl Send for HeldFrame {}
+
+struct FrameObj {
+    frame: Mutex<Option<HeldFrame>>,
+    info: InfoCell,
+    caps: CString,
+}
+
+/// The frame's description, made once at receipt.
+struct InfoCell(gpushm_frame_info);
+// SAFETY: plain data; its pointers are into the frame's mapping, only handed to the caller.
+unsafe impl Send for InfoCell {}
+unsafe impl Sync for InfoCell {}
+
+fn empty_info() -> gpushm_frame_info {
+    gpushm_frame_info {
+        format: [0; 16],
+        width: 0,
+        height: 0,
+        n_planes: 0,
+        planes: [gpushm_plane {
+            data: std::ptr::null_mut(),
+            stride: 0,
+            rows: 0,
+            row_bytes: 0,
+            offset: 0,
+        }; GPUSHM_MAX_PLANES],
+        data: std::ptr::null_mut(),
+        size: 0,
+        pts: GPUSHM_TIME_NONE,
+        dts: GPUSHM_TIME_NONE,
+        duration: GPUSHM_TIME_NONE,
+        offset: 0,
+        flags: 0,
+        publish_ns: 0,
+        on_device: 0,
+    }
+}
+
+fn set_format(info: &mut gpushm_frame_info, name: &str) {
+    for (d, s) in info.format.iter_mut().zip(name.bytes().take(15)) {
+        *d = s as c_char;
+    }
+}
+
+impl FrameObj {
+    fn new(f: Frame) -> Self {
+        let mut info = empty_info();
+        let on_device = f.is_on_device();
+        let (ptr, size) = f.as_ptr();
+        let base = if on_device {
+            std::ptr::null_mut()
+        } else {
+            ptr as *mut u8
+        };
+        info.data = base;
+        info.size = size as u64;
+        info.pts = f.meta.pts;
+        info.dts = f.meta.dts;
+        info.duration = f.meta.duration;
+        info.offset = f.meta.offset;
+        info.flags = f.meta.buffer_flags;
+        info.publish_ns = f.meta.publish_ns;
+        info.on_device = on_device as c_int;
+        if let Ok(g) = FrameGeometry::of_frame(&f.meta, &f.caps) {
+            describe(&mut info, &g.format, g.width, g.height, &g.planes, base);
+        }
+        let caps = CString::new(f.caps.replace('\0', " ")).unwrap_or_default();
+        Self {
+            frame: Mutex::new(Some(HeldFrame(f))),
+            info: InfoCell(info),
+            caps,
+        }
+    }
+}
+
+fn describe(
+    info: &mut gpushm_frame_info,
+    format: &str,
+    width: u32,
+    height: u32,
+    planes: &[gpushm_core::format::Plane],
+    base: *mut u8,
+) {
+    set_format(info, format);
+    info.width = width;
+    info.height = height;
+    info.n_planes = planes.len().min(GPUSHM_MAX_PLANES) as u32;
+    for (d, p) in info.planes.iter_mut().zip(planes) {
+        *d = gpushm_plane {
+            data: if base.is_null() {
+                std::ptr::null_mut()
+            } else {
+                base.wrapping_add(p.offset as usize)
+            },
+            stride: p.stride,
+            rows: p.rows,
+            row_bytes: p.row_bytes,
+            offset: p.offset,
+        };
+    }
+}
+
+fn live_frame(frame: *const gpushm_frame) -> Result<Arc<FrameObj>, Fail> {
+    let f = get(&FRAMES, frame as _, "frame")?;
+    if lock(&f.frame).is_none() {
+        return Err(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into()));
+    }
+    Ok(f)
+}
+
+/// Describes the frame: format, size, planes (pointers into the ring, valid until the frame
+/// is released), time stamps, flags.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_get_info(
+    frame: *const gpushm_frame,
+    info: *mut gpushm_frame_info,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(info, "info")?;
+        let f = live_frame(frame)?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(f.info.0) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// The frame's caps (a GStreamer caps string); the pointer stays valid until the frame is
+/// destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_get_caps(
+    frame: *const gpushm_frame,
+    caps: *mut *const c_char,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(caps, "caps")?;
+        let f = get(&FRAMES, frame as _, "frame")?;
+        // SAFETY: checked non-NULL; the string lives in the frame object, which lives until
+        // its destroy call.
+        unsafe { out.write(f.caps.as_ptr()) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// The frame's address for CUDA kernels on `cuda_device` (an ordinal; -1: the first GPU), in
+/// `*device_ptr` (a CUdeviceptr). A frame of a device ring is read there in place; a frame of a
+/// host ring is read in place over the bus (or at memory speed on Jetson) once its ring is
+/// registered with CUDA, which the first call for a ring does (once per ring, never per frame;
+/// it creates this process's CUDA context). GPUSHM_ERROR_NO_GPU without a usable GPU.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_cuda_ptr(
+    frame: *const gpushm_frame,
+    cuda_device: c_int,
+    device_ptr: *mut u64,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(device_ptr, "device_ptr")?;
+        let f = live_frame(frame)?;
+        let guard = lock(&f.frame);
+        let held = guard
+            .as_ref()
+            .ok_or_else(|| Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into()))?;
+        let frame = &held.0;
+        if frame.device_ptr().is_none() && !frame.is_on_device() {
+            let dev = gpushm_core::cuda::device(cuda_device)
+                .map_err(|e| Fail(GPUSHM_ERROR_NO_GPU, e.to_string()))?;
+            let ring = frame.lease.ring();
+            if ring.attachment().is_none() {
+                let (base, len) = ring.mapping();
+                // SAFETY: the registration is attached to the ring and dropped with it,
+                // before its mapping.
+                let att = unsafe {
+                    gpushm_core::cuda::register::register_mapping(
+                        &dev,
+                        base,
+                        len,
+                        !ring.is_writable(),
+                    )
+                };
+                ring.attach(att);
+            }
+            if let Some(why) = ring
+                .attachment()
+                .and_then(|a| a.downcast_ref::<gpushm_core::cuda::register::NotRegistered>())
+            {
+                return Err(Fail(
+                    GPUSHM_ERROR_NO_GPU,
+                    format!("the ring cannot be registered with {}: {}", dev.name, why.0),
+                ));
+            }
+        }
+        let (ptr, dev) = frame.device_ptr().ok_or_else(|| {
+            Fail(
+                GPUSHM_ERROR_NO_GPU,
+                "the frame has no device address".into(),
+            )
+        })?;
+        if cuda_device >= 0 && dev != cuda_device {
+            return Err(Fail(
+                GPUSHM_ERROR_NO_GPU,
+                format!("the frame is on GPU {dev}, not {cuda_device}"),
+            ));
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(ptr) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Gives the frame back to the producer: its pointers are invalid from now on, and further
+/// calls on it (but `gpushm_frame_destroy`) return GPUSHM_ERROR_RELEASED.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_release(frame: *mut gpushm_frame) -> gpushm_status {
+    guard(|| {
+        let f = get(&FRAMES, frame as _, "frame")?;
+        let held = lock(&f.frame).take();
+        match held {
+            Some(h) => {
+                drop(h);
+                Ok(GPUSHM_OK)
+            }
+            None => Err(Fail(
+                GPUSHM_ERROR_RELEASED,
+                "the frame was released already".into(),
+            )),
+        }
+    })
+}
+
+/// Frees the frame handle, releasing the frame first if it was not.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_destroy(frame: *mut gpushm_frame) -> gpushm_status {
+    guard(|| {
+        let f = lock(&FRAMES)
+            .remove(frame as u64)
+            .ok_or_else(|| bad_handle("frame"))?;
+        drop(f);
+        Ok(GPUSHM_OK)
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Publishers.
+
+struct PubObj {
+    p: FramePublisher,
+}
+
+struct SlotObj {
+    lease: Mutex<Option<HeldSlot>>,
+    publisher: u64,
+    info: InfoCell,
+}
+
+struct HeldSlot(SlotLease);
+// SAFETY: a lease of a slot of the publisher's ring; nothing in it is tied to a thread.
+unsafe impl Send for HeldSlot {}
+
+/// Fills `opts` with the defaults: GRAY8 (set format, width and height), 30/1 fps, 8 slots,
+/// socket permissions 0600, host memory.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_options_init(
+    opts: *mut gpushm_publisher_options,
+) -> gpushm_status {
+    guard(|| {
+        let o = out_ptr(opts, "opts")?;
+        // SAFETY: checked non-NULL; the caller's struct.
+        unsafe {
+            o.write(gpushm_publisher_options {
+                format: std::ptr::null(),
+                width: 0,
+                height: 0,
+                fps_n: 30,
+                fps_d: 1,
+                slots: 8,
+                perms: 0o600,
+                cuda_device: -1,
+            })
+        };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Serves raw video at `path` (a unix socket it creates, removed on destroy; gpushmsrc and
+/// subscribers connect there). `*out` is a publisher to destroy with
+/// `gpushm_publisher_destroy`.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_open(
+    path: *const c_char,
+    opts: *const gpushm_publisher_options,
+    out: *mut *mut gpushm_publisher,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(out, "out")?;
+        // SAFETY: the caller passes a string.
+        let path = PathBuf::from(unsafe { string(path, "path") }?);
+        if opts.is_null() {
+            return Err(invalid(
+                "opts is NULL (format, width and height are needed)",
+            ));
+        }
+        // SAFETY: non-NULL, the caller's initialised struct.
+        let o = unsafe { &*opts };
+        // SAFETY: the caller's string.
+        let name = unsafe { string(o.format, "opts->format") }?;
+        let format = VideoFormat::from_name(&name)
+            .ok_or_else(|| invalid(format!("format {name:?} is not one gpushm publishes")))?;
+        let layout = FrameLayout::new(format, o.width, o.height)
+            .ok_or_else(|| invalid(format!("{}x{} is not a frame size", o.width, o.height)))?;
+        if o.fps_n == 0 || o.fps_d == 0 {
+            return Err(invalid(format!("frame rate {}/{}", o.fps_n, o.fps_d)));
+        }
+        if !(2..=64).contains(&o.slots) {
+            return Err(invalid(format!("{} slots: 2 to 64", o.slots)));
+        }
+        let config = Config {
+            perms: o.perms & 0o777,
+            ..Config::default()
+        };
+        let p = if o.cuda_device >= 0 {
+            let dev = gpushm_core::cuda::device(o.cuda_device)
+                .map_err(|e| Fail(GPUSHM_ERROR_NO_GPU, e.to_string()))?;
+            FramePublisher::new_on_device(&path, layout, (o.fps_n, o.fps_d), o.slots, config, dev)?
+        } else {
+            FramePublisher::new(&path, layout, (o.fps_n, o.fps_d), o.slots, config)?
+        };
+        let id = lock(&PUBLISHERS).insert(Arc::new(PubObj { p }));
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(id as *mut gpushm_publisher) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Lends a free slot to fill, waiting up to `timeout_ns` (negative: as long as it takes) while
+/// consumers hold them all (GPUSHM_TIMEOUT). Fill it through `gpushm_slot_get_info`, then
+/// `gpushm_publisher_publish` it (or `gpushm_slot_discard` it).
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_acquire(
+    publisher: *mut gpushm_publisher,
+    timeout_ns: i64,
+    slot: *mut *mut gpushm_slot,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(slot, "slot")?;
+        let p = get(&PUBLISHERS, publisher as _, "publisher")?;
+        let t = timeout(timeout_ns).unwrap_or(Duration::MAX);
+        let mut lease = p.p.acquire(t)?;
+        let mut info = empty_info();
+        let on_device = lease.is_on_device();
+        let layout = lease.layout().clone();
+        let bytes = lease.bytes_mut();
+        let base = if on_device {
+            std::ptr::null_mut()
+        } else {
+            bytes.as_mut_ptr()
+        };
+        info.data = base;
+        info.size = layout.size;
+        info.on_device = on_device as c_int;
+        describe(
+            &mut info,
+            layout.format.name(),
+            layout.width,
+            layout.height,
+            &layout.planes,
+            base,
+        );
+        let obj = SlotObj {
+            lease: Mutex::new(Some(HeldSlot(lease))),
+            publisher: publisher as u64,
+            info: InfoCell(info),
+        };
+        let id = lock(&SLOTS).insert(Arc::new(obj));
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(id as *mut gpushm_slot) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Where to write the frame: the slot's planes (`data` NULL for a device ring's slot: write it
+/// with `gpushm_slot_cuda_ptr`).
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_slot_get_info(
+    slot: *const gpushm_slot,
+    info: *mut gpushm_frame_info,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(info, "info")?;
+        let s = get(&SLOTS, slot as _, "slot")?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(s.info.0) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// The device address of a device ring's slot (write the frame there with CUDA, and finish
+/// before publishing); GPUSHM_ERROR_NO_GPU for a slot in host memory.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_slot_cuda_ptr(
+    slot: *const gpushm_slot,
+    device_ptr: *mut u64,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(device_ptr, "device_ptr")?;
+        let s = get(&SLOTS, slot as _, "slot")?;
+        let l = lock(&s.lease);
+        let ptr = l
+            .as_ref()
+            .ok_or_else(|| Fail(GPUSHM_ERROR_RELEASED, "the slot was published".into()))?
+            .0
+            .device_ptr()
+            .ok_or_else(|| Fail(GPUSHM_ERROR_NO_GPU, "the slot is in host memory".into()))?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(ptr) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Publishes a filled slot to every consumer; `capture_ns` is when it was captured
+/// (CLOCK_MONOTONIC ns; 0: now). The slot handle is gone after this call, whatever it returns.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_publish(
+    publisher: *mut gpushm_publisher,
+    slot: *mut gpushm_slot,
+    capture_ns: u64,
+) -> gpushm_status {
+    guard(|| {
+        let p = get(&PUBLISHERS, publisher as _, "publisher")?;
+        let s = lock(&SLOTS)
+            .remove(slot as u64)
+            .ok_or_else(|| bad_handle("slot"))?;
+        if s.publisher != publisher as u64 {
+            return Err(invalid("the slot was lent by another publisher"));
+        }
+        let lease = lock(&s.lease)
+            .take()
+            .ok_or_else(|| Fail(GPUSHM_ERROR_RELEASED, "the slot was published".into()))?;
+        p.p.publish(lease.0, (capture_ns != 0).then_some(capture_ns))?;
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Gives a slot back unpublished; the handle is gone after this call.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_slot_discard(slot: *mut gpushm_slot) -> gpushm_status {
+    guard(|| {
+        let s = lock(&SLOTS)
+            .remove(slot as u64)
+            .ok_or_else(|| bad_handle("slot"))?;
+        drop(s);
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Tells every consumer the stream ended (they get GPUSHM_EOS after the frames before).
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_send_eos(
+    publisher: *mut gpushm_publisher,
+) -> gpushm_status {
+    guard(|| {
+        get(&PUBLISHERS, publisher as _, "publisher")?.p.send_eos();
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Consumers connected now.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_num_clients(
+    publisher: *mut gpushm_publisher,
+    count: *mut u32,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(count, "count")?;
+        let n = get(&PUBLISHERS, publisher as _, "publisher")?
+            .p
+            .num_clients();
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(n.min(u32::MAX as usize) as u32) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Stops serving (the socket file goes) and frees the publisher. Frames consumers hold stay
+/// valid for them; slots it lent and not published are given back.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_destroy(
+    publisher: *mut gpushm_publisher,
+) -> gpushm_status {
+    guard(|| {
+        let p = lock(&PUBLISHERS)
+            .remove(publisher as u64)
+            .ok_or_else(|| bad_handle("publisher"))?;
+        drop(p);
+        Ok(GPUSHM_OK)
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+
+/// The calling thread's message for the last call that did not return GPUSHM_OK (empty after
+/// one that did). Valid until this thread's next gpushm call.
+#[no_mangle]
+pub extern "C" fn gpushm_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The library's version, "MAJOR.MINOR.PATCH".
+#[no_mangle]
+pub extern "C" fn gpushm_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr() as *const c_char
+}

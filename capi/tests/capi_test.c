@@ -1,0 +1,380 @@
+/* SPDX-License-Identifier: MPL-2.0 */
+/*
+ * The C API's test program, built from the installed header and pkg-config file as an app
+ * would be (capi/tests/run.sh runs its commands against real producer processes):
+ *   capi_test produce SOCK N eos|hold   C producer: GRAY8 320x240, frame i's byte (x, y) is
+ *                                       (7 i + 3 y + x) & 255; EOS after N frames, or wait
+ *   capi_test expect N                  what `produce` publishes, raw, to stdout
+ *   capi_test consume SOCK N OUT        N frames (lossless), visible rows of every plane to OUT;
+ *                                       every other frame through poll() on the fd; then EOS
+ *   capi_test timeout SOCK N            N frames, then a 200 ms wait must time out
+ *   capi_test killed SOCK               holds a frame while the producer is killed (-9): its
+ *                                       bytes stay the same, then the producer is gone
+ *   capi_test misuse SOCK               every misuse is an error code, never a crash
+ * Prints "OK ..." on success, "FAIL ..." (and exits 1) otherwise.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <gpushm.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define W 320
+#define H 240
+
+static int failures = 0;
+
+#define CHECK(cond, ...)                                                                   \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                    \
+            printf(__VA_ARGS__);                                                           \
+            printf(" (last error: %s)\n", gpushm_last_error());                            \
+            failures++;                                                                    \
+        }                                                                                  \
+    } while (0)
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+}
+
+static uint8_t pattern(uint64_t i, uint32_t x, uint32_t y)
+{
+    return (uint8_t)((7u * i + 3u * y + x) & 255u);
+}
+
+/* FNV-1a over the visible bytes of every plane. */
+static uint64_t frame_hash(const gpushm_frame_info *info)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (uint32_t p = 0; p < info->n_planes; p++) {
+        for (uint32_t r = 0; r < info->planes[p].rows; r++) {
+            const uint8_t *row = info->planes[p].data + (size_t)r * info->planes[p].stride;
+            for (uint32_t b = 0; b < info->planes[p].row_bytes; b++) {
+                h = (h ^ row[b]) * 1099511628211ull;
+            }
+        }
+    }
+    return h;
+}
+
+static gpushm_subscriber *open_sub(const char *sock, int mode)
+{
+    gpushm_subscriber_options o;
+    gpushm_subscriber_options_init(&o);
+    o.mode = mode;
+    o.connect_timeout_ns = 20000000000ll;
+    o.name = "capi_test";
+    gpushm_subscriber *s = NULL;
+    gpushm_status st = gpushm_subscriber_open(sock, &o, &s);
+    CHECK(st == GPUSHM_OK && s, "open %s: %d", sock, st);
+    return s;
+}
+
+static int produce(const char *sock, int n, int eos)
+{
+    gpushm_publisher_options o;
+    gpushm_publisher_options_init(&o);
+    o.format = "GRAY8";
+    o.width = W;
+    o.height = H;
+    o.slots = 4;
+    gpushm_publisher *p = NULL;
+    if (gpushm_publisher_open(sock, &o, &p) != GPUSHM_OK) {
+        printf("FAIL publisher_open: %s\n", gpushm_last_error());
+        return 1;
+    }
+    printf("READY\n");
+    fflush(stdout);
+    uint32_t clients = 0;
+    for (uint64_t t0 = now_ms(); clients == 0 && now_ms() - t0 < 20000;) {
+        gpushm_publisher_num_clients(p, &clients);
+        struct timespec ms5 = {0, 5000000};
+        nanosleep(&ms5, NULL);
+    }
+    CHECK(clients > 0, "no consumer came");
+    for (int i = 0; i < n && !failures; i++) {
+        gpushm_slot *slot = NULL;
+        gpushm_status st = gpushm_publisher_acquire(p, 5000000000ll, &slot);
+        CHECK(st == GPUSHM_OK, "acquire frame %d: %d", i, st);
+        if (st != GPUSHM_OK) {
+            break;
+        }
+        gpushm_frame_info info;
+        gpushm_slot_get_info(slot, &info);
+        CHECK(strcmp(info.format, "GRAY8") == 0 && info.n_planes == 1, "slot %s", info.format);
+        for (uint32_t y = 0; y < info.planes[0].rows; y++) {
+            uint8_t *row = info.planes[0].data + (size_t)y * info.planes[0].stride;
+            for (uint32_t x = 0; x < info.planes[0].row_bytes; x++) {
+                row[x] = pattern((uint64_t)i, x, y);
+            }
+        }
+        st = gpushm_publisher_publish(p, slot, 0);
+        CHECK(st == GPUSHM_OK, "publish frame %d: %d", i, st);
+    }
+    printf("DONE\n");
+    fflush(stdout);
+    if (eos) {
+        gpushm_publisher_send_eos(p);
+        /* Consumers read the last frames and the EOS before the socket goes. */
+        sleep(1);
+    } else {
+        for (;;) {
+            pause();
+        }
+    }
+    CHECK(gpushm_publisher_destroy(p) == GPUSHM_OK, "publisher_destroy");
+    return failures != 0;
+}
+
+static int expect(int n)
+{
+    static uint8_t row[W];
+    for (int i = 0; i < n; i++) {
+        for (uint32_t y = 0; y < H; y++) {
+            for (uint32_t x = 0; x < W; x++) {
+                row[x] = pattern((uint64_t)i, x, y);
+            }
+            fwrite(row, 1, W, stdout);
+        }
+    }
+    return 0;
+}
+
+static int consume(const char *sock, int n, const char *out_path)
+{
+    FILE *out = fopen(out_path, "wb");
+    if (!out) {
+        printf("FAIL cannot write %s: %s\n", out_path, strerror(errno));
+        return 1;
+    }
+    gpushm_subscriber *s = open_sub(sock, 1);
+    int fd = -1;
+    CHECK(gpushm_subscriber_fd(s, &fd) == GPUSHM_OK && fd >= 0, "fd");
+    uint64_t last_pts = 0;
+    int got = 0;
+    while (got < n && !failures) {
+        gpushm_frame *f = NULL;
+        gpushm_status st;
+        if (got % 2) {
+            /* The event-loop way: wait on the descriptor, then take without waiting. */
+            struct pollfd pfd = {.fd = fd, .events = POLLIN};
+            int r = poll(&pfd, 1, 10000);
+            CHECK(r == 1, "poll: %d", r);
+            st = gpushm_subscriber_next_frame(s, 0, &f);
+            if (st == GPUSHM_TIMEOUT) {
+                continue; /* readable for news other than a frame */
+            }
+        } else {
+            st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
+        }
+        CHECK(st == GPUSHM_OK, "frame %d: status %d", got, st);
+        if (st != GPUSHM_OK) {
+            break;
+        }
+        gpushm_frame_info info;
+        CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_OK, "info");
+        CHECK(info.width == W && info.height == H, "%ux%u", info.width, info.height);
+        CHECK(info.n_planes >= 1 && info.data != NULL && info.on_device == 0, "planes");
+        CHECK(got == 0 || info.pts == GPUSHM_TIME_NONE || info.pts > last_pts, "pts goes back");
+        last_pts = info.pts;
+        const char *caps = NULL;
+        CHECK(gpushm_frame_get_caps(f, &caps) == GPUSHM_OK && strncmp(caps, "video/x-raw", 11) == 0,
+              "caps");
+        for (uint32_t p = 0; p < info.n_planes; p++) {
+            for (uint32_t r = 0; r < info.planes[p].rows; r++) {
+                fwrite(info.planes[p].data + (size_t)r * info.planes[p].stride, 1,
+                       info.planes[p].row_bytes, out);
+            }
+        }
+        CHECK(gpushm_frame_release(f) == GPUSHM_OK, "release");
+        CHECK(gpushm_frame_destroy(f) == GPUSHM_OK, "destroy");
+        got++;
+    }
+    fclose(out);
+    gpushm_frame *f = NULL;
+    gpushm_status st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
+    CHECK(st == GPUSHM_EOS, "after %d frames: %d, not EOS", n, st);
+    CHECK(gpushm_subscriber_destroy(s) == GPUSHM_OK, "subscriber_destroy");
+    if (!failures) {
+        printf("OK consume %d frames\n", got);
+    }
+    return failures != 0;
+}
+
+static int timeout_test(const char *sock, int n)
+{
+    gpushm_subscriber *s = open_sub(sock, 1);
+    for (int i = 0; i < n; i++) {
+        gpushm_frame *f = NULL;
+        CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, &f) == GPUSHM_OK, "frame %d", i);
+        gpushm_frame_destroy(f);
+    }
+    gpushm_frame *f = NULL;
+    uint64_t t0 = now_ms();
+    gpushm_status st = gpushm_subscriber_next_frame(s, 200000000ll, &f);
+    uint64_t dt = now_ms() - t0;
+    CHECK(st == GPUSHM_TIMEOUT, "status %d, not GPUSHM_TIMEOUT", st);
+    CHECK(dt >= 150 && dt < 3000, "the 200 ms wait took %llu ms", (unsigned long long)dt);
+    CHECK(strlen(gpushm_last_error()) > 0, "a timeout says why");
+    /* A zero timeout only looks. */
+    t0 = now_ms();
+    st = gpushm_subscriber_next_frame(s, 0, &f);
+    CHECK(st == GPUSHM_TIMEOUT && now_ms() - t0 < 1000, "zero timeout: %d", st);
+    /* Interrupted from "another thread" (here: before the wait). */
+    CHECK(gpushm_subscriber_interrupt(s) == GPUSHM_OK, "interrupt");
+    st = gpushm_subscriber_next_frame(s, -1, &f);
+    CHECK(st == GPUSHM_INTERRUPTED, "after interrupt: %d", st);
+    gpushm_subscriber_destroy(s);
+    if (!failures) {
+        printf("OK timeout after %llu ms\n", (unsigned long long)dt);
+    }
+    return failures != 0;
+}
+
+static int killed(const char *sock)
+{
+    gpushm_subscriber *s = open_sub(sock, 1);
+    gpushm_frame *f = NULL;
+    CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, &f) == GPUSHM_OK, "a frame");
+    gpushm_frame_info info;
+    CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_OK, "info");
+    uint64_t before = frame_hash(&info);
+    printf("HOLDING\n");
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) { /* the producer is killed meanwhile */
+        printf("FAIL no go-ahead on stdin\n");
+        return 1;
+    }
+    /* The producer is gone: the frame held is intact and still ours. */
+    CHECK(frame_hash(&info) == before, "the held frame changed after the producer died");
+    gpushm_frame *g = NULL;
+    gpushm_status st;
+    do {
+        st = gpushm_subscriber_next_frame(s, 5000000000ll, &g);
+        if (st == GPUSHM_OK) {
+            gpushm_frame_destroy(g);
+        }
+    } while (st == GPUSHM_OK);
+    CHECK(st == GPUSHM_ERROR_DISCONNECTED, "after the producer died: %d", st);
+    /* Still valid after the subscriber is gone, until released. */
+    CHECK(gpushm_subscriber_destroy(s) == GPUSHM_OK, "destroy");
+    CHECK(frame_hash(&info) == before, "the held frame changed after the subscriber went");
+    CHECK(gpushm_frame_release(f) == GPUSHM_OK, "release");
+    CHECK(gpushm_frame_destroy(f) == GPUSHM_OK, "destroy frame");
+    if (!failures) {
+        printf("OK killed: held frame intact, then disconnected\n");
+    }
+    return failures != 0;
+}
+
+static int misuse(const char *sock)
+{
+    gpushm_frame_info info;
+    gpushm_frame *f = NULL;
+    gpushm_subscriber *s = NULL;
+    /* NULLs. */
+    CHECK(gpushm_subscriber_open(NULL, NULL, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL path");
+    CHECK(gpushm_subscriber_open(sock, NULL, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL out");
+    CHECK(gpushm_subscriber_options_init(NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL opts");
+    CHECK(gpushm_subscriber_next_frame(NULL, 0, &f) == GPUSHM_ERROR_BAD_HANDLE, "NULL sub");
+    CHECK(gpushm_frame_get_info(NULL, &info) == GPUSHM_ERROR_BAD_HANDLE, "NULL frame");
+    CHECK(gpushm_frame_release(NULL) == GPUSHM_ERROR_BAD_HANDLE, "release NULL");
+    CHECK(gpushm_frame_destroy(NULL) == GPUSHM_ERROR_BAD_HANDLE, "destroy NULL");
+    CHECK(gpushm_subscriber_destroy(NULL) == GPUSHM_ERROR_BAD_HANDLE, "destroy NULL sub");
+    CHECK(strlen(gpushm_last_error()) > 0, "an error says why");
+    /* A handle that never was one (a pointer to our own memory). */
+    CHECK(gpushm_frame_get_info((gpushm_frame *)&info, &info) == GPUSHM_ERROR_BAD_HANDLE, "forged");
+    /* Bad options. */
+    gpushm_subscriber_options o;
+    gpushm_subscriber_options_init(&o);
+    o.mode = 7;
+    CHECK(gpushm_subscriber_open(sock, &o, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "mode 7");
+    gpushm_publisher_options po;
+    gpushm_publisher_options_init(&po);
+    gpushm_publisher *p = NULL;
+    CHECK(gpushm_publisher_open("/tmp/gpushm-capi-misuse.sock", &po, &p) ==
+              GPUSHM_ERROR_INVALID_ARGUMENT, "publisher without a format");
+    po.format = "NOPE";
+    po.width = 16;
+    po.height = 16;
+    CHECK(gpushm_publisher_open("/tmp/gpushm-capi-misuse.sock", &po, &p) ==
+              GPUSHM_ERROR_INVALID_ARGUMENT, "unknown format");
+    /* No producer: a timeout, quickly. */
+    o.mode = 0;
+    o.connect_timeout_ns = 100000000ll;
+    CHECK(gpushm_subscriber_open("/tmp/gpushm-capi-nobody.sock", &o, &s) == GPUSHM_TIMEOUT,
+          "no producer");
+
+    s = open_sub(sock, 1);
+    CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "NULL frame out");
+    CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, &f) == GPUSHM_OK, "a frame");
+    /* A frame handle is not a subscriber. */
+    CHECK(gpushm_subscriber_next_frame((gpushm_subscriber *)f, 0, &f) == GPUSHM_ERROR_BAD_HANDLE,
+          "frame as subscriber");
+    CHECK(gpushm_frame_get_info(f, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL info");
+    CHECK(gpushm_frame_release(f) == GPUSHM_OK, "release");
+    CHECK(gpushm_frame_release(f) == GPUSHM_ERROR_RELEASED, "double release");
+    CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_ERROR_RELEASED, "info after release");
+    uint64_t dp = 0;
+    CHECK(gpushm_frame_cuda_ptr(f, -1, &dp) == GPUSHM_ERROR_RELEASED, "cuda_ptr after release");
+    CHECK(gpushm_frame_destroy(f) == GPUSHM_OK, "destroy");
+    CHECK(gpushm_frame_destroy(f) == GPUSHM_ERROR_BAD_HANDLE, "double destroy");
+    CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_ERROR_BAD_HANDLE, "info after destroy");
+    /* A stale handle does not reach the frame that took its place. */
+    gpushm_frame *g = NULL;
+    CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, &g) == GPUSHM_OK, "another frame");
+    CHECK(g != f, "a new frame has a new handle");
+    CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_ERROR_BAD_HANDLE, "stale handle");
+    CHECK(gpushm_frame_get_info(g, &info) == GPUSHM_OK, "new handle");
+    char caps[8];
+    size_t needed = 0;
+    CHECK(gpushm_subscriber_caps(s, caps, sizeof caps, &needed) == GPUSHM_OK && needed > sizeof caps &&
+              strlen(caps) == sizeof caps - 1,
+          "caps truncated: needed %zu", needed);
+    CHECK(gpushm_subscriber_destroy(s) == GPUSHM_OK, "destroy sub");
+    CHECK(gpushm_subscriber_destroy(s) == GPUSHM_ERROR_BAD_HANDLE, "double destroy sub");
+    CHECK(gpushm_frame_get_info(g, &info) == GPUSHM_OK && frame_hash(&info) != 0,
+          "a frame outlives its subscriber");
+    CHECK(gpushm_frame_destroy(g) == GPUSHM_OK, "destroy without release");
+    if (!failures) {
+        printf("OK misuse\n");
+    }
+    return failures != 0;
+}
+
+int main(int argc, char **argv)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc >= 5 && !strcmp(argv[1], "produce")) {
+        return produce(argv[2], atoi(argv[3]), !strcmp(argv[4], "eos"));
+    }
+    if (argc >= 3 && !strcmp(argv[1], "expect")) {
+        return expect(atoi(argv[2]));
+    }
+    if (argc >= 5 && !strcmp(argv[1], "consume")) {
+        return consume(argv[2], atoi(argv[3]), argv[4]);
+    }
+    if (argc >= 4 && !strcmp(argv[1], "timeout")) {
+        return timeout_test(argv[2], atoi(argv[3]));
+    }
+    if (argc >= 3 && !strcmp(argv[1], "killed")) {
+        return killed(argv[2]);
+    }
+    if (argc >= 3 && !strcmp(argv[1], "misuse")) {
+        return misuse(argv[2]);
+    }
+    fprintf(stderr, "usage: see the comment at the top of capi_test.c (gpushm %s)\n", gpushm_version());
+    return 2;
+}

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MPL-2.0
+# The C API's tests, as a user builds against it: the C test program, the examples and a C++17
+# build of the header are compiled with the system compilers from the *installed* header and
+# pkg-config file, then run against real producer processes (gst-launch-1.0 ... ! gpushmsink,
+# and the C producer read by gpushmsrc).
+#   capi/tests/run.sh PREFIX [asan]
+# PREFIX holds a `make install` (lib/, include/, lib/pkgconfig/, lib/gstreamer-1.0/). With
+# `asan`, the C programs are built with AddressSanitizer (and UndefinedBehaviorSanitizer).
+set -euo pipefail
+prefix=$(realpath "$1"); mode=${2:-}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d); pids=()
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export GST_PLUGIN_PATH=$prefix/lib/gstreamer-1.0
+cflags=(-Wall -Wextra -pedantic -Werror -O1 -g)
+if [ "$mode" = asan ]; then
+  cflags+=(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
+  # Leaks too: every handle the tests make is destroyed.
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+fi
+say() { echo "capi[$mode]: $*"; }
+fail() { echo "capi[$mode]: FAIL: $*"; exit 1; }
+
+pkg-config --exists gpushm || fail "pkg-config does not find gpushm in $PKG_CONFIG_PATH"
+# shellcheck disable=SC2046
+cc -std=c11 "${cflags[@]}" "$here/capi/tests/capi_test.c" -o "$work/capi_test" $(pkg-config --cflags --libs gpushm)
+# shellcheck disable=SC2046
+cc -std=c11 "${cflags[@]}" "$here/examples/c/consumer.c" -o "$work/consumer" $(pkg-config --cflags --libs gpushm)
+# shellcheck disable=SC2046
+cc -std=c11 "${cflags[@]}" "$here/examples/c/producer.c" -o "$work/producer" $(pkg-config --cflags --libs gpushm)
+# The header as C++17, pedantic.
+printf '#include <gpushm.h>\nint main() { return gpushm_version() ? 0 : 1; }\n' > "$work/hdr.cpp"
+# shellcheck disable=SC2046
+c++ -std=c++17 "${cflags[@]}" "$work/hdr.cpp" -o "$work/hdr" $(pkg-config --cflags --libs gpushm)
+"$work/hdr"
+# The OpenCV example (OpenCV from the system packages: core and imgcodecs).
+ocv=(-I/usr/include/opencv4 -lopencv_imgcodecs -lopencv_core)
+pkg-config --exists opencv4 && read -r -a ocv <<< "$(pkg-config --cflags --libs opencv4)"
+# shellcheck disable=SC2046
+c++ -std=c++17 "${cflags[@]}" "$here/examples/c/opencv_consumer.cpp" -o "$work/opencv_consumer" \
+  $(pkg-config --cflags --libs gpushm) "${ocv[@]}"
+say "built against $(pkg-config --modversion gpushm) in $prefix"
+
+# Starts a gst-launch-1.0 producer ending in gpushmsink at $1, waits for its socket.
+gst_producer() {
+  local sock=$1; shift
+  gst-launch-1.0 -q "$@" ! gpushmsink socket-path="$sock" wait-for-connection=true sync=false &
+  pids+=($!)
+  for _ in $(seq 500); do [ -S "$sock" ] && return 0; sleep 0.02; done
+  fail "no producer socket at $sock"
+}
+# Starts the C producer at $1 ($2 frames, eos|hold), waits for READY.
+c_producer() {
+  "$work/capi_test" produce "$1" "$2" "$3" > "$work/producer.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 500); do grep -q READY "$work/producer.log" && return 0; sleep 0.02; done
+  fail "the C producer did not start: $(cat "$work/producer.log")"
+}
+
+# 1. Frame contents: videotestsrc through gpushmsink to the C consumer, byte for byte.
+for caps in "video/x-raw,format=I420,width=320,height=240" "video/x-raw,format=RGBA,width=320,height=240" \
+            "video/x-raw,format=NV12,width=320,height=240"; do
+  sock=$work/frames.sock; rm -f "$sock"
+  gst_producer "$sock" videotestsrc num-buffers=20 pattern=ball ! "$caps,framerate=30/1"
+  "$work/capi_test" consume "$sock" 20 "$work/got.raw" | tee "$work/out.log"
+  grep -q "^OK consume 20" "$work/out.log" || fail "consume $caps"
+  gst-launch-1.0 -q videotestsrc num-buffers=20 pattern=ball ! "$caps,framerate=30/1" ! filesink location="$work/want.raw"
+  cmp "$work/got.raw" "$work/want.raw" || fail "$caps: the C consumer's frames differ from videotestsrc's"
+  say "$caps: 20 frames equal videotestsrc's"
+done
+
+# 2. The C producer read by gpushmsrc, byte for byte.
+sock=$work/cprod.sock; rm -f "$sock"
+c_producer "$sock" 30 eos
+gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+"$work/capi_test" expect 30 > "$work/want.raw"
+cmp "$work/got.raw" "$work/want.raw" || fail "gpushmsrc got other bytes than the C producer published"
+say "C producer -> gpushmsrc: 30 frames equal"
+
+# 3. Timeouts and interrupts: the producer publishes 3 frames, then nothing.
+sock=$work/hold.sock; rm -f "$sock"
+c_producer "$sock" 3 hold
+"$work/capi_test" timeout "$sock" 3 | tee "$work/out.log"
+grep -q "^OK timeout" "$work/out.log" || fail "timeout"
+
+# 4. The producer killed (-9) while a frame is held.
+sock=$work/kill.sock; rm -f "$sock"
+gst_producer "$sock" videotestsrc is-live=true pattern=ball ! "video/x-raw,format=I420,width=320,height=240,framerate=30/1"
+prod=${pids[-1]}
+coproc K { "$work/capi_test" killed "$sock"; }
+read -r line <&"${K[0]}"
+[ "$line" = HOLDING ] || fail "killed: $line"
+kill -9 "$prod"; wait "$prod" 2>/dev/null || true
+echo go >&"${K[1]}"
+out=$(cat <&"${K[0]}"); echo "$out"
+echo "$out" | grep -q "^OK killed" || fail "killed"
+
+# 5. Misuse: error codes, never a crash.
+sock=$work/misuse.sock; rm -f "$sock"
+gst_producer "$sock" videotestsrc is-live=true ! "video/x-raw,format=GRAY8,width=320,height=240,framerate=30/1"
+"$work/capi_test" misuse "$sock" | tee "$work/out.log"
+grep -q "^OK misuse" "$work/out.log" || fail "misuse"
+
+# 6. The examples: per-plane sums, a PNG through cv::Mat, the C producer example.
+sock=$work/ex.sock; rm -f "$sock"
+gst_producer "$sock" videotestsrc num-buffers=5 pattern=white ! "video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1"
+"$work/consumer" "$sock" 5 | tee "$work/out.log"
+gst-launch-1.0 -q videotestsrc num-buffers=1 pattern=white ! "video/x-raw,format=GRAY8,width=64,height=48" ! filesink location="$work/white.raw"
+want=$(od -An -tu1 -v "$work/white.raw" | awk '{for (i = 1; i <= NF; i++) s += $i} END {print s}')
+[ "$(grep -c "plane 0: sum $want\b" "$work/out.log")" = 5 ] || fail "the C consumer example's sums (want $want)"
+sock=$work/ocv.sock; rm -f "$sock"
+gst_producer "$sock" videotestsrc num-buffers=3 pattern=smpte ! "video/x-raw,format=BGRx,width=320,height=240,framerate=30/1"
+(cd "$work" && ./opencv_consumer "$sock" frame.png) | tee "$work/out.log"
+grep -q "^wrote frame.png" "$work/out.log" && [ -s "$work/frame.png" ] || fail "the OpenCV example"
+sock=$work/exprod.sock; rm -f "$sock"
+"$work/producer" "$sock" 10 > "$work/exprod.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 500); do [ -S "$sock" ] && break; sleep 0.02; done
+gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! fakesink num-buffers=10 || fail "the C producer example"
+say "examples: OK"
+say "all passed"
