@@ -22,6 +22,7 @@
 //! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer),
 //! `bench latency --runs 7` (latency only, rounds alternating the transports, with medians),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
+//! `bench capi` (the C API's consumer against the Rust subscriber and gpushmsrc),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 
@@ -266,8 +267,122 @@ fn produce(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// The C API's bench consumer (capi/bench/c_consumer.c, built against an installed
+/// libgpushm): `GPUSHM_C_CONSUMER`, or `c_consumer` beside this binary.
+fn c_consumer() -> std::path::PathBuf {
+    std::env::var_os("GPUSHM_C_CONSUMER")
+        .map(Into::into)
+        .unwrap_or_else(|| {
+            std::env::current_exe()
+                .expect("current_exe")
+                .with_file_name("c_consumer")
+        })
+}
+
+/// The Rust counterpart of capi/bench/c_consumer.c: the `gpushm` crate's Subscriber, lossless,
+/// the stamp read from the frame's first 8 bytes; the same CONSUMER line.
+fn subscribe(args: &[String]) -> Result<(), String> {
+    let socket = arg(args, "--socket").unwrap_or_default();
+    let frames = num(args, "--frames", 100) as usize;
+    let opts = gpushm::client::ConnectOptions {
+        mode: gpushm::client::Delivery::Lossless,
+        timeout: Duration::from_secs(30),
+        ..Default::default()
+    };
+    let mut sub = gpushm::client::Subscriber::connect(std::path::Path::new(&socket), opts)
+        .map_err(|e| e.to_string())?;
+    let mut lat = Vec::with_capacity(frames);
+    let (mut cpu0, mut first, mut last) = (0, 0, 0);
+    while lat.len() < frames {
+        let f = match sub.next_frame(Some(Duration::from_secs(10))) {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(e.to_string()),
+        };
+        let t = now();
+        let (ptr, len) = f.as_ptr();
+        let mut stamp = [0u8; 8];
+        if len >= 8 {
+            // SAFETY: the frame's lease keeps `len` bytes at `ptr` mapped.
+            unsafe { std::ptr::copy_nonoverlapping(ptr, stamp.as_mut_ptr(), 8) };
+        }
+        drop(f);
+        if lat.is_empty() {
+            cpu0 = rusage().0;
+            first = t;
+        }
+        last = t;
+        lat.push(t.saturating_sub(u64::from_le_bytes(stamp)));
+    }
+    let cpu = rusage().0.saturating_sub(cpu0);
+    let n = lat.len();
+    let skip = if n > 20 { 10 } else { 0 };
+    let mut l = lat[skip..].to_vec();
+    l.sort_unstable();
+    println!(
+        "CONSUMER frames={n} fps={:.1} p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1}",
+        if n > 1 { (n - 1) as f64 * 1e9 / (last - first).max(1) as f64 } else { 0.0 },
+        percentile(&l, 0.5) as f64 / 1e3,
+        percentile(&l, 0.99) as f64 / 1e3,
+        l.last().copied().unwrap_or(0) as f64 / 1e3,
+        cpu as f64 / n.saturating_sub(1).max(1) as f64,
+    );
+    Ok(())
+}
+
+/// The C API against the Rust subscriber and gpushmsrc: the same live producer (60 fps), tiny
+/// (64x64 GRAY8) and 1080p NV12 frames, `--rounds` rounds alternating the three consumers.
+fn capi_mode(args: &[String]) {
+    let frames = num(args, "--frames", 300);
+    let rounds = num(args, "--rounds", 2).max(1);
+    if !c_consumer().exists() {
+        println!(
+            "no C consumer at {} (build capi/bench/c_consumer.c against an installed libgpushm, or set GPUSHM_C_CONSUMER)",
+            c_consumer().display()
+        );
+        return;
+    }
+    println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds)\n");
+    println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) |");
+    println!("|---|---|---|---|");
+    for (name, format, w, h) in [
+        ("64x64 GRAY8", "GRAY8", 64, 64),
+        ("1080p NV12", "NV12", 1920, 1080),
+    ] {
+        let mut cpu = std::collections::HashMap::<&str, Vec<f64>>::new();
+        for _ in 0..rounds {
+            for (t, label) in [
+                ("capi", "C (libgpushm)"),
+                ("sub", "Rust (gpushm crate)"),
+                ("gpushm", "gpushmsrc ! fakesink"),
+            ] {
+                let r = run_format(t, format, w, h, frames, 60, false, false);
+                let c = &r.consumer;
+                println!(
+                    "| {name} | {label} | {:.1} / {:.1} | {:.1} |",
+                    f(c, "p50_us"),
+                    f(c, "p99_us"),
+                    f(c, "cpu_us_per_frame")
+                );
+                cpu.entry(t).or_default().push(f(c, "cpu_us_per_frame"));
+            }
+        }
+        let mean = |t: &str| {
+            let v = &cpu[t];
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        println!(
+            "| {name} | C / Rust CPU per frame | | {:.0} % |",
+            mean("capi") / mean("sub") * 100.0
+        );
+    }
+}
+
 fn consume(args: &[String]) -> Result<(), String> {
     let transport = arg(args, "--transport").unwrap_or_default();
+    if transport == "sub" {
+        return subscribe(args);
+    }
     let socket = arg(args, "--socket").unwrap_or_default();
     let (w, h) = (num(args, "--width", 1920), num(args, "--height", 1080));
     let frames = num(args, "--frames", 100);
@@ -510,9 +625,19 @@ fn run_format(
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("bench.sock");
     let sock_s = sock.to_str().unwrap().to_string();
+    // The Rust subscriber ("sub") and the C API's consumer ("capi") read a gpushmsink.
+    let producer_transport = match transport {
+        "sub" | "capi" => "gpushm",
+        t => t,
+    };
     let common = |role: &str| {
         let mut c = Command::new(&exe);
-        c.args([role, "--transport", transport, "--socket", &sock_s]);
+        let t = if role == "produce" {
+            producer_transport
+        } else {
+            transport
+        };
+        c.args([role, "--transport", t, "--socket", &sock_s]);
         c.args([
             "--width",
             &w.to_string(),
@@ -540,11 +665,19 @@ fn run_format(
         while !sock.exists() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
-        let mut c = common("consume");
+        let mut c = if transport == "capi" {
+            let mut c = Command::new(c_consumer());
+            c.args([&sock_s, &frames.to_string()]);
+            c.stdout(Stdio::piped()).stderr(Stdio::piped());
+            c
+        } else {
+            common("consume")
+        };
         if cudasum {
             c.arg("--cudasum");
         }
-        c.spawn().expect("spawn consumer")
+        c.spawn()
+            .expect("spawn consumer (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench)")
     });
     // shmsink/shmsrc can deadlock (see tiny_frames): give up on both after the pipelines'
     // own timeout, and kill them if they do not end by themselves.
@@ -1238,6 +1371,10 @@ fn main() {
         Some("consume") => consume(&args),
         Some("floor-wait") => floor_wait(&args),
         Some("flood") => flood(&args),
+        Some("capi") => {
+            capi_mode(&args);
+            Ok(())
+        }
         Some("tiny") => {
             tiny_frames();
             Ok(())

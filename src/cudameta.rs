@@ -110,13 +110,50 @@ unsafe impl gst::meta::MetaAPI for CudaMetaApi {
 }
 
 /// Registers the meta type (once per process; needs gst::init).
+///
+/// The meta follows its buffer's memory: a copy of the buffer keeps it only where the copy
+/// holds the same memory (a shallow copy, or a share of it), never where the memory itself was
+/// copied (a deep copy, `make_writable` of a frame, a memory that cannot be shared): there the
+/// device address would point at the ring's slot, which the copy does not keep.
 pub fn register() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         if !gst::meta::CustomMeta::is_registered(CUDA_META_NAME) {
-            gst::meta::CustomMeta::register(CUDA_META_NAME, &["memory"]);
+            gst::meta::CustomMeta::register_with_transform(
+                CUDA_META_NAME,
+                &["memory"],
+                |dest, meta, src, kind| {
+                    if kind != <gst::meta::MetaTransformCopy as gst::meta::MetaTransform>::quark()
+                        || !same_memory(dest, src)
+                    {
+                        return false;
+                    }
+                    let s = meta.structure();
+                    let p = CudaPtr {
+                        device: s.get("cuda-device").unwrap_or(-1),
+                        device_ptr: s.get("device-ptr").unwrap_or(0),
+                        size: s.get("size").unwrap_or(0),
+                        read_only: s.get("read-only").unwrap_or(true),
+                    };
+                    if p.device_ptr != 0 {
+                        add(dest, p);
+                    }
+                    true
+                },
+            );
         }
     });
+}
+
+/// Whether `dest` (a copy of `src`) holds `src`'s first memory itself, or a share of it.
+fn same_memory(dest: &gst::BufferRef, src: &gst::BufferRef) -> bool {
+    if dest.n_memory() != 1 || src.n_memory() != 1 {
+        return false;
+    }
+    let (d, s) = (dest.peek_memory(0).as_ptr(), src.peek_memory(0).as_ptr());
+    // SAFETY: both memories are alive (their buffers are); `parent` is a plain field.
+    let (dp, sp) = unsafe { ((*d).parent, (*s).parent) };
+    d == s || (!dp.is_null() && (std::ptr::eq(dp, s) || dp == sp))
 }
 
 /// What a `GpuShmCudaMeta` says.

@@ -77,9 +77,9 @@ pub type CopyToHost = Box<dyn Fn(&mut [u8]) -> Result<(), String> + Send + Sync>
 /// A GstMemory over a frame of a device ring (GPU memory), without copying it: mapped with
 /// GST_MAP_CUDA (gst/cuda's flag) it gives the frame's device address, as a GstCudaMemory
 /// does; mapped for reading by the CPU it gives a host copy made at the first such map
-/// (`copy`) and kept with the memory. It is read-only and cannot be shared (sub-buffers copy
-/// it). `keep` is dropped when the memory is freed: it holds the frame's lease, so the
-/// device address stays valid and unchanged until then.
+/// (`copy`) and kept with the memory. It is read-only; shares of it (sub-buffers, shallow
+/// copies) keep the frame too. `keep` is dropped when the memory and its shares are freed: it
+/// holds the frame's lease, so the device address stays valid and unchanged until then.
 pub fn wrap_device_slot_memory<K: Send + 'static>(
     device_ptr: u64,
     len: usize,
@@ -90,7 +90,7 @@ pub fn wrap_device_slot_memory<K: Send + 'static>(
 }
 
 mod device {
-    use std::sync::OnceLock;
+    use std::sync::{Arc, OnceLock};
 
     use gst::glib;
     use gst::glib::translate::{from_glib_full, ToGlibPtr};
@@ -99,19 +99,66 @@ mod device {
 
     use super::CopyToHost;
 
+    /// What a memory and its shares have in common.
+    struct Frame {
+        device_ptr: u64,
+        copy: CopyToHost,
+        /// The host copy of the whole frame, made at the first CPU map (`None`: it failed).
+        host: OnceLock<Option<Box<[u8]>>>,
+        _keep: Box<dyn Send>,
+    }
+
+    // SAFETY: the host copy is written once (OnceLock), then only read; `copy` is Sync.
+    unsafe impl Sync for Frame {}
+
     #[repr(C)]
     struct DeviceSlotMemory {
         mem: gst::ffi::GstMemory,
-        device_ptr: u64,
-        copy: CopyToHost,
-        /// The host copy, made at the first CPU map (`None`: it failed).
-        host: OnceLock<Option<Box<[u8]>>>,
-        keep: Box<dyn Send>,
+        frame: Arc<Frame>,
     }
 
     glib::wrapper! {
         pub struct DeviceSlotAllocator(ObjectSubclass<imp::DeviceSlotAllocator>)
             @extends gst::Allocator, gst::Object;
+    }
+
+    fn allocator() -> *mut gst::ffi::GstAllocator {
+        static ALLOCATOR: OnceLock<DeviceSlotAllocator> = OnceLock::new();
+        let a = ALLOCATOR.get_or_init(glib::Object::new);
+        a.upcast_ref::<gst::Allocator>().to_glib_none().0
+    }
+
+    /// # Safety
+    /// `parent` is NULL or a live DeviceSlotMemory; the other values fit it.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn new_memory(
+        frame: Arc<Frame>,
+        flags: u32,
+        parent: *mut gst::ffi::GstMemory,
+        maxsize: usize,
+        offset: usize,
+        size: usize,
+    ) -> *mut gst::ffi::GstMemory {
+        let m = Box::into_raw(Box::new(DeviceSlotMemory {
+            // SAFETY: a plain C struct; gst_memory_init below sets every field.
+            mem: unsafe { std::mem::zeroed() },
+            frame,
+        }));
+        // SAFETY: `m` is a fresh DeviceSlotMemory whose first field is its GstMemory; the
+        // allocator frees it (imp::free) when the last reference goes.
+        unsafe {
+            gst::ffi::gst_memory_init(
+                std::ptr::addr_of_mut!((*m).mem),
+                flags,
+                allocator(),
+                parent,
+                maxsize,
+                0,
+                offset,
+                size,
+            );
+        }
+        m as *mut gst::ffi::GstMemory
     }
 
     pub(super) fn wrap<K: Send + 'static>(
@@ -120,32 +167,22 @@ mod device {
         copy: CopyToHost,
         keep: Box<K>,
     ) -> gst::Memory {
-        static ALLOCATOR: OnceLock<DeviceSlotAllocator> = OnceLock::new();
-        let allocator = ALLOCATOR.get_or_init(glib::Object::new);
-        let m = Box::into_raw(Box::new(DeviceSlotMemory {
-            // SAFETY: a plain C struct; gst_memory_init below sets every field.
-            mem: unsafe { std::mem::zeroed() },
+        let frame = Arc::new(Frame {
             device_ptr,
             copy,
             host: OnceLock::new(),
-            keep,
-        }));
-        // SAFETY: `m` is a fresh DeviceSlotMemory whose first field is its GstMemory; the
-        // allocator frees it (imp::free) when the last reference goes.
+            _keep: keep,
+        });
+        // SAFETY: no parent; the memory is handed over with its one reference.
         unsafe {
-            let a: *mut gst::ffi::GstAllocator =
-                allocator.upcast_ref::<gst::Allocator>().to_glib_none().0;
-            gst::ffi::gst_memory_init(
-                std::ptr::addr_of_mut!((*m).mem),
-                gst::ffi::GST_MEMORY_FLAG_READONLY | gst::ffi::GST_MEMORY_FLAG_NO_SHARE,
-                a,
+            from_glib_full(new_memory(
+                frame,
+                gst::ffi::GST_MEMORY_FLAG_READONLY,
                 std::ptr::null_mut(),
                 len,
                 0,
-                0,
                 len,
-            );
-            from_glib_full(m as *mut gst::ffi::GstMemory)
+            ))
         }
     }
 
@@ -158,8 +195,8 @@ mod device {
         impl ObjectImpl for DeviceSlotAllocator {}
         impl GstObjectImpl for DeviceSlotAllocator {}
 
-        // SAFETY: alloc gives nothing (CUSTOM_ALLOC: memories are made by wrap() only) and
-        // free takes back exactly what wrap() made.
+        // SAFETY: alloc gives nothing (CUSTOM_ALLOC: memories are made by wrap() and shares
+        // only) and free takes back exactly what new_memory() made.
         unsafe impl AllocatorImpl for DeviceSlotAllocator {
             unsafe fn alloc(
                 &self,
@@ -170,7 +207,7 @@ mod device {
             }
 
             unsafe fn free(&self, mem: *mut gst::ffi::GstMemory) {
-                // SAFETY: made by wrap() (NO_SHARE: no sub-memories), freed once.
+                // SAFETY: made by new_memory(), freed once (GStreamer unrefs the parent).
                 drop(unsafe { Box::from_raw(mem as *mut DeviceSlotMemory) });
             }
         }
@@ -195,22 +232,25 @@ mod device {
             }
         }
 
+        /// The frame's device address (GST_MAP_CUDA) or its host copy, both from the first
+        /// byte of the whole frame (gst_memory_map adds the memory's offset).
         unsafe extern "C" fn mem_map(
             mem: *mut gst::ffi::GstMemory,
             _maxsize: usize,
             flags: gst::ffi::GstMapFlags,
         ) -> glib::ffi::gpointer {
-            // SAFETY: a memory made by wrap(), alive while mapped.
+            // SAFETY: a memory made by new_memory(), alive while mapped.
             let m = unsafe { &*(mem as *const DeviceSlotMemory) };
             if flags & crate::cuda::gstcuda::MAP_CUDA != 0 {
-                return m.device_ptr as glib::ffi::gpointer;
+                return m.frame.device_ptr as glib::ffi::gpointer;
             }
             if flags & gst::ffi::GST_MAP_WRITE != 0 {
                 return std::ptr::null_mut();
             }
-            let host = m.host.get_or_init(|| {
+            let f = &m.frame;
+            let host = f.host.get_or_init(|| {
                 let mut v = vec![0u8; m.mem.maxsize].into_boxed_slice();
-                (m.copy)(&mut v).ok().map(|_| v)
+                (f.copy)(&mut v).ok().map(|_| v)
             });
             match host {
                 Some(v) => v.as_ptr() as glib::ffi::gpointer,
@@ -220,13 +260,42 @@ mod device {
 
         unsafe extern "C" fn mem_unmap(_mem: *mut gst::ffi::GstMemory) {}
 
+        /// A share (a sub-buffer, a region): the same frame, a part of it.
         unsafe extern "C" fn mem_share(
-            _mem: *mut gst::ffi::GstMemory,
-            _offset: isize,
-            _size: isize,
+            mem: *mut gst::ffi::GstMemory,
+            offset: isize,
+            size: isize,
         ) -> *mut gst::ffi::GstMemory {
-            // NO_SHARE: GStreamer copies instead.
-            std::ptr::null_mut()
+            // SAFETY: a live memory made by new_memory().
+            unsafe {
+                let m = &*(mem as *const DeviceSlotMemory);
+                let parent = if m.mem.parent.is_null() {
+                    mem
+                } else {
+                    m.mem.parent
+                };
+                // Offsets and sizes wrap around as GStreamer's own memories take them.
+                let new_offset = m.mem.offset.wrapping_add(offset as usize);
+                let size = if size == -1 {
+                    m.mem.size.wrapping_sub(offset as usize)
+                } else {
+                    size as usize
+                };
+                if new_offset
+                    .checked_add(size)
+                    .is_none_or(|e| e > m.mem.maxsize)
+                {
+                    return std::ptr::null_mut();
+                }
+                new_memory(
+                    m.frame.clone(),
+                    m.mem.mini_object.flags | gst::ffi::GST_MINI_OBJECT_FLAG_LOCK_READONLY,
+                    parent,
+                    m.mem.maxsize,
+                    new_offset,
+                    size,
+                )
+            }
         }
     }
 }

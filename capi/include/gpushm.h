@@ -25,8 +25,12 @@
 // Planes described at most.
 #define GPUSHM_MAX_PLANES 4
 
-// A frame received: valid, and never reused by the producer, until `gpushm_frame_release`
-// (or `gpushm_frame_destroy`), even after its subscriber is destroyed.
+// A frame received: its slot is never reused by the producer until `gpushm_frame_release` (or
+// `gpushm_frame_destroy`), even after its subscriber is destroyed or its producer dies, with
+// one exception: a producer that must go on cuts a consumer that held every slot of its ring
+// for 0.5 s without giving one back (more than its fair share), and takes its slots back.
+// `gpushm_frame_is_valid` then says 0 and calls on the frame return GPUSHM_ERROR_REVOKED.
+// Keep fewer frames than the ring has slots (or copy what you keep) and it never happens.
 typedef struct gpushm_frame gpushm_frame;
 
 // A publisher: serves frames at a socket path to any number of subscribers and gpushmsrc.
@@ -51,12 +55,14 @@ typedef struct {
   // How long `gpushm_subscriber_open` waits for a producer to appear, and a reconnect for
   // one to come back, in nanoseconds.
   int64_t connect_timeout_ns;
-  // Accept frames only from a producer running as this user id (-1: any user, the
-  // default; the producer's socket permissions still apply).
+  // Accept frames only from a producer running as this user id. -1 (the default): a
+  // producer running as this process's user or as root only (frames from another user's
+  // process are refused unless named here).
   int64_t producer_uid;
-  // Non-zero: when the producer goes away, the next `gpushm_subscriber_next_frame`
-  // connects again (waiting up to connect_timeout_ns), instead of returning
-  // GPUSHM_ERROR_DISCONNECTED.
+  // Non-zero: when the producer goes away, `gpushm_subscriber_next_frame` connects again
+  // (waiting up to connect_timeout_ns, within its own timeout) instead of returning
+  // GPUSHM_ERROR_DISCONNECTED; it returns that when no producer came back in
+  // connect_timeout_ns. While none is there, the subscriber's fd wakes every 100 ms.
   int reconnect;
   // Non-zero: accept a producer's device ring (frames in GPU memory: read them through
   // `gpushm_frame_cuda_ptr`, their `data` pointers are NULL).
@@ -67,7 +73,8 @@ typedef struct {
 
 // One plane of a frame or slot.
 typedef struct {
-  // The plane's first byte (NULL for a frame in GPU memory).
+  // The plane's first byte (NULL for a frame in GPU memory). A received frame is mapped
+  // read-only: only a publisher's slot may be written.
   uint8_t *data;
   // Bytes from one row to the next.
   uint32_t stride;
@@ -164,12 +171,16 @@ typedef struct {
 // A bug in gpushm, caught at the boundary (please report `gpushm_last_error`).
 #define GPUSHM_ERROR_INTERNAL -9
 
+// The producer took the frame back: it cut this consumer for holding every slot of its ring
+// for too long (see `gpushm_frame_is_valid`). Pointers into the frame may show newer frames.
+#define GPUSHM_ERROR_REVOKED -10
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
 
-// Fills `opts` with the defaults: auto delivery, 5 s to connect, any producer user, no
-// reconnect, host memory only, no name.
+// Fills `opts` with the defaults: auto delivery, 5 s to connect, producers of this user (or
+// root) only, no reconnect, host memory only, no name.
 gpushm_status gpushm_subscriber_options_init(gpushm_subscriber_options *opts);
 
 // Connects to the producer serving `path` (waiting up to `opts->connect_timeout_ns` for one to
@@ -180,9 +191,10 @@ gpushm_status gpushm_subscriber_open(const char *path,
                                      gpushm_subscriber **out);
 
 // Waits up to `timeout_ns` (negative: as long as it takes; 0: only looks) for the next
-// frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came.
-// GPUSHM_EOS: the stream ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was
-// called. Calls on one subscriber from several threads take turns.
+// frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came
+// (with 0, also when another thread is waiting on this subscriber). GPUSHM_EOS: the stream
+// ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was called, or the subscriber
+// destroyed. Calls on one subscriber from several threads take turns.
 gpushm_status gpushm_subscriber_next_frame(gpushm_subscriber *sub,
                                            int64_t timeout_ns,
                                            gpushm_frame **frame);
@@ -190,7 +202,8 @@ gpushm_status gpushm_subscriber_next_frame(gpushm_subscriber *sub,
 // A descriptor to wait on with poll/epoll/select (or an event loop such as a ROS executor)
 // instead of blocking in `gpushm_subscriber_next_frame`: it is readable when a frame (or
 // EOS, or news from the producer) may be there; then call `gpushm_subscriber_next_frame` with
-// a timeout of 0. It belongs to the subscriber: do not close it.
+// a timeout of 0. It belongs to the subscriber: do not close it. (From the first call on, the
+// producer rings a doorbell for each frame, which a blocking user does not need.)
 gpushm_status gpushm_subscriber_fd(gpushm_subscriber *sub, int *fd);
 
 // Makes a `gpushm_subscriber_next_frame` waiting on this subscriber (in another thread)
@@ -199,12 +212,18 @@ gpushm_status gpushm_subscriber_interrupt(gpushm_subscriber *sub);
 
 // The producer's caps (a GStreamer caps string), copied into `buf` (`len` bytes, with the
 // terminating NUL; truncated if longer). `*needed` (if not NULL) gets the length with NUL.
+// Waits while another thread waits for a frame on this subscriber.
 gpushm_status gpushm_subscriber_caps(gpushm_subscriber *sub, char *buf, size_t len, size_t *needed);
 
 // Closes the connection and frees the subscriber. Frames it gave stay valid until released.
-// A `gpushm_subscriber_next_frame` waiting on it in another thread returns
+// Every `gpushm_subscriber_next_frame` waiting on it in other threads returns
 // GPUSHM_INTERRUPTED.
 gpushm_status gpushm_subscriber_destroy(gpushm_subscriber *sub);
+
+// `*valid` is 1 while the frame is still this consumer's, 0 once the producer took it back
+// (see gpushm_frame): check it after reading a frame you kept for long, and drop what you
+// read if it is 0. GPUSHM_ERROR_RELEASED after release.
+gpushm_status gpushm_frame_is_valid(const gpushm_frame *frame, int *valid);
 
 // Describes the frame: format, size, planes (pointers into the ring, valid until the frame
 // is released), time stamps, flags.

@@ -19,11 +19,15 @@
 #![allow(non_camel_case_types)]
 #![allow(clippy::missing_safety_doc)]
 
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("gpushm's C API hands out 64-bit handle ids in pointers: 64-bit targets only");
+
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,7 +36,8 @@ use gpushm_core::format::{FrameGeometry, FrameLayout, VideoFormat};
 use gpushm_core::publisher::{Config, FramePublisher, SlotLease};
 use gpushm_core::Error;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
-use nix::sys::eventfd::{EfdFlags, EventFd};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 
 /// What every function returns: `GPUSHM_OK` (0), a positive outcome that is not an error
 /// (`GPUSHM_TIMEOUT`, `GPUSHM_EOS`, `GPUSHM_INTERRUPTED`), or a negative error code.
@@ -64,6 +69,9 @@ pub const GPUSHM_ERROR_SYSTEM: gpushm_status = -7;
 pub const GPUSHM_ERROR_NO_GPU: gpushm_status = -8;
 /// A bug in gpushm, caught at the boundary (please report `gpushm_last_error`).
 pub const GPUSHM_ERROR_INTERNAL: gpushm_status = -9;
+/// The producer took the frame back: it cut this consumer for holding every slot of its ring
+/// for too long (see `gpushm_frame_is_valid`). Pointers into the frame may show newer frames.
+pub const GPUSHM_ERROR_REVOKED: gpushm_status = -10;
 
 /// A timestamp that is not set (PTS, DTS, duration).
 pub const GPUSHM_TIME_NONE: u64 = u64::MAX;
@@ -75,8 +83,12 @@ pub struct gpushm_subscriber {
     _opaque: [u8; 0],
 }
 
-/// A frame received: valid, and never reused by the producer, until `gpushm_frame_release`
-/// (or `gpushm_frame_destroy`), even after its subscriber is destroyed.
+/// A frame received: its slot is never reused by the producer until `gpushm_frame_release` (or
+/// `gpushm_frame_destroy`), even after its subscriber is destroyed or its producer dies, with
+/// one exception: a producer that must go on cuts a consumer that held every slot of its ring
+/// for 0.5 s without giving one back (more than its fair share), and takes its slots back.
+/// `gpushm_frame_is_valid` then says 0 and calls on the frame return GPUSHM_ERROR_REVOKED.
+/// Keep fewer frames than the ring has slots (or copy what you keep) and it never happens.
 pub struct gpushm_frame {
     _opaque: [u8; 0],
 }
@@ -101,12 +113,14 @@ pub struct gpushm_subscriber_options {
     /// How long `gpushm_subscriber_open` waits for a producer to appear, and a reconnect for
     /// one to come back, in nanoseconds.
     pub connect_timeout_ns: i64,
-    /// Accept frames only from a producer running as this user id (-1: any user, the
-    /// default; the producer's socket permissions still apply).
+    /// Accept frames only from a producer running as this user id. -1 (the default): a
+    /// producer running as this process's user or as root only (frames from another user's
+    /// process are refused unless named here).
     pub producer_uid: i64,
-    /// Non-zero: when the producer goes away, the next `gpushm_subscriber_next_frame`
-    /// connects again (waiting up to connect_timeout_ns), instead of returning
-    /// GPUSHM_ERROR_DISCONNECTED.
+    /// Non-zero: when the producer goes away, `gpushm_subscriber_next_frame` connects again
+    /// (waiting up to connect_timeout_ns, within its own timeout) instead of returning
+    /// GPUSHM_ERROR_DISCONNECTED; it returns that when no producer came back in
+    /// connect_timeout_ns. While none is there, the subscriber's fd wakes every 100 ms.
     pub reconnect: c_int,
     /// Non-zero: accept a producer's device ring (frames in GPU memory: read them through
     /// `gpushm_frame_cuda_ptr`, their `data` pointers are NULL).
@@ -119,7 +133,8 @@ pub struct gpushm_subscriber_options {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct gpushm_plane {
-    /// The plane's first byte (NULL for a frame in GPU memory).
+    /// The plane's first byte (NULL for a frame in GPU memory). A received frame is mapped
+    /// read-only: only a publisher's slot may be written.
     pub data: *mut u8,
     /// Bytes from one row to the next.
     pub stride: u32,
@@ -189,7 +204,8 @@ thread_local! {
 
 fn set_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // try_with: a call from a thread-local destructor must not abort.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
 }
 
 /// A status and its message.
@@ -272,7 +288,9 @@ const KIND_SUBSCRIBER: u64 = 1;
 const KIND_FRAME: u64 = 2;
 const KIND_PUBLISHER: u64 = 3;
 const KIND_SLOT: u64 = 4;
-const GEN_BITS: u32 = 24;
+const GEN_BITS: u32 = 32;
+/// Handles alive at once, per kind, at most (the id's index field).
+const MAX_INDEX: usize = (1 << 24) - 2;
 const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
 
 struct Entry<T> {
@@ -299,9 +317,15 @@ impl<T> Table<T> {
         (self.kind << 56) | (((index as u64) + 1) << GEN_BITS) | gen
     }
 
-    fn insert(&mut self, item: Arc<T>) -> u64 {
+    fn insert(&mut self, item: Arc<T>) -> Result<u64, Fail> {
         let index = match self.free.pop() {
             Some(i) => i,
+            None if self.entries.len() > MAX_INDEX => {
+                return Err(Fail(
+                    GPUSHM_ERROR_SYSTEM,
+                    "too many live handles (release and destroy what you no longer use)".into(),
+                ))
+            }
             None => {
                 self.entries.push(Entry { gen: 1, item: None });
                 self.entries.len() - 1
@@ -310,7 +334,7 @@ impl<T> Table<T> {
         let e = &mut self.entries[index];
         e.item = Some(item);
         let gen = e.gen;
-        self.id(index, gen)
+        Ok(self.id(index, gen))
     }
 
     fn index(&self, id: u64) -> Option<usize> {
@@ -329,12 +353,12 @@ impl<T> Table<T> {
     fn remove(&mut self, id: u64) -> Option<Arc<T>> {
         let i = self.index(id)?;
         let e = &mut self.entries[i];
-        // Generation 0 is never handed out: ids are never NULL and a stale id never matches.
+        // Generation 0 is never handed out (ids are never NULL), and an index whose 32-bit
+        // generation ran out is retired: a stale id never matches a later handle.
         e.gen = (e.gen + 1) & GEN_MASK;
-        if e.gen == 0 {
-            e.gen = 1;
+        if e.gen != 0 {
+            self.free.push(i);
         }
-        self.free.push(i);
         e.item.take()
     }
 }
@@ -367,33 +391,92 @@ struct SubObj {
     opts: ConnectOptions,
     reconnect: bool,
     waker: Waker,
-    /// The connection (`None` after the producer went away, until it is reconnected).
-    conn: Mutex<Option<Subscriber>>,
-    /// What `gpushm_subscriber_fd` returns: readable when the connection's descriptors are,
-    /// or when `kick` is (no connection: the next call reconnects).
+    /// Destroyed: waits end, and no new one starts.
+    closed: AtomicBool,
+    conn: Mutex<ConnState>,
+    /// What `gpushm_subscriber_fd` returns: readable when the connection's descriptors are
+    /// (once that fd was asked for), or when `retry` fires (no connection: the next call
+    /// connects again).
     epoll: Epoll,
-    kick: EventFd,
+    /// Armed every [`RETRY`] while the producer is gone (reconnect on).
+    retry: TimerFd,
+}
+
+/// How often a subscriber with no producer (reconnect on) makes its fd readable.
+const RETRY: Duration = Duration::from_millis(100);
+
+struct ConnState {
+    /// The connection (`None` after the producer went away, until it is reconnected).
+    sub: Option<Subscriber>,
+    /// The connection's descriptors in the epoll set (removed before it is dropped: a
+    /// connection whose frames are still held keeps its socket open).
+    watched: Vec<RawFd>,
+    /// gpushm_subscriber_fd was called: watch every connection's descriptors. (Until then
+    /// the producer is not asked to ring the frame doorbell for us.)
+    watching: bool,
+    /// When the producer went away (reconnect on, no producer back yet).
+    gone_since: Option<Instant>,
 }
 
 impl SubObj {
-    fn watch(&self, sub: &Subscriber) -> Result<(), Fail> {
+    fn watch(&self, st: &mut ConnState) -> Result<(), Fail> {
+        let Some(sub) = st
+            .sub
+            .as_ref()
+            .filter(|_| st.watching && st.watched.is_empty())
+        else {
+            return Ok(());
+        };
         for fd in sub.poll_fds() {
-            // SAFETY: the subscriber keeps `fd` open while it lives; it is removed from the
-            // epoll set when closed.
-            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            // SAFETY: the subscriber keeps `fd` open while it lives; unwatch() removes it
+            // before the subscriber goes.
+            let b = unsafe { BorrowedFd::borrow_raw(fd) };
             self.epoll
-                .add(
-                    fd,
-                    EpollEvent::new(EpollFlags::EPOLLIN, fd.as_raw_fd() as u64),
-                )
+                .add(b, EpollEvent::new(EpollFlags::EPOLLIN, fd as u64))
                 .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_ctl: {e}")))?;
+            st.watched.push(fd);
+        }
+        Ok(())
+    }
+
+    /// Drops the connection, its descriptors out of the epoll set first, and arms the retry
+    /// timer.
+    fn disconnect(&self, st: &mut ConnState) {
+        for fd in st.watched.drain(..) {
+            // SAFETY: still open: the subscriber holding it is dropped below.
+            let _ = self.epoll.delete(unsafe { BorrowedFd::borrow_raw(fd) });
+        }
+        st.sub = None;
+        st.gone_since = Some(Instant::now());
+        let _ = self.retry.set(
+            Expiration::Interval(TimeSpec::from_duration(RETRY)),
+            TimerSetTimeFlags::empty(),
+        );
+    }
+
+    fn closed(&self) -> Result<(), Fail> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Fail(
+                GPUSHM_INTERRUPTED,
+                "the subscriber was destroyed".into(),
+            ));
         }
         Ok(())
     }
 }
 
-/// Fills `opts` with the defaults: auto delivery, 5 s to connect, any producer user, no
-/// reconnect, host memory only, no name.
+impl Drop for SubObj {
+    fn drop(&mut self) {
+        let st = self.conn.get_mut().unwrap_or_else(|e| e.into_inner());
+        for fd in st.watched.drain(..) {
+            // SAFETY: still open: the subscriber is dropped after this.
+            let _ = self.epoll.delete(unsafe { BorrowedFd::borrow_raw(fd) });
+        }
+    }
+}
+
+/// Fills `opts` with the defaults: auto delivery, 5 s to connect, producers of this user (or
+/// root) only, no reconnect, host memory only, no name.
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_subscriber_options_init(
     opts: *mut gpushm_subscriber_options,
@@ -458,25 +541,36 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
         }
         let waker = Waker::new()?;
         let sub = Subscriber::connect_with_waker(&path, &o, &waker)?;
-        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)
-            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_create: {e}")))?;
-        let kick = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)
-            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("eventfd: {e}")))?;
+        let sys = |what: &str, e: nix::Error| Fail(GPUSHM_ERROR_SYSTEM, format!("{what}: {e}"));
+        let epoll =
+            Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| sys("epoll_create", e))?;
+        let retry = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
+        )
+        .map_err(|e| sys("timerfd_create", e))?;
         epoll
-            .add(kick.as_fd(), EpollEvent::new(EpollFlags::EPOLLIN, u64::MAX))
-            .map_err(|e| Fail(GPUSHM_ERROR_SYSTEM, format!("epoll_ctl: {e}")))?;
+            .add(
+                retry.as_fd(),
+                EpollEvent::new(EpollFlags::EPOLLIN, u64::MAX),
+            )
+            .map_err(|e| sys("epoll_ctl", e))?;
         let obj = SubObj {
             path,
             opts: o,
             reconnect,
             waker,
-            conn: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            conn: Mutex::new(ConnState {
+                sub: Some(sub),
+                watched: Vec::new(),
+                watching: false,
+                gone_since: None,
+            }),
             epoll,
-            kick,
+            retry,
         };
-        obj.watch(&sub)?;
-        *lock(&obj.conn) = Some(sub);
-        let id = lock(&SUBSCRIBERS).insert(Arc::new(obj));
+        let id = lock(&SUBSCRIBERS).insert(Arc::new(obj))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_subscriber) };
         Ok(GPUSHM_OK)
@@ -484,9 +578,10 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
 }
 
 /// Waits up to `timeout_ns` (negative: as long as it takes; 0: only looks) for the next
-/// frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came.
-/// GPUSHM_EOS: the stream ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was
-/// called. Calls on one subscriber from several threads take turns.
+/// frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came
+/// (with 0, also when another thread is waiting on this subscriber). GPUSHM_EOS: the stream
+/// ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was called, or the subscriber
+/// destroyed. Calls on one subscriber from several threads take turns.
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_subscriber_next_frame(
     sub: *mut gpushm_subscriber,
@@ -496,24 +591,67 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
     guard(|| {
         let out = out_ptr(frame, "frame")?;
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        s.closed()?;
         let deadline = timeout(timeout_ns).and_then(|t| Instant::now().checked_add(t));
-        let mut conn = lock(&s.conn);
+        let mut st = if timeout_ns == 0 {
+            match s.conn.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(Fail(
+                        GPUSHM_TIMEOUT,
+                        "another thread is waiting on this subscriber".into(),
+                    ))
+                }
+            }
+        } else {
+            lock(&s.conn)
+        };
         loop {
-            if conn.is_none() {
+            s.closed()?;
+            if st.sub.is_none() {
                 // The producer went away: connect again (reconnect is on).
+                let _ = s.retry.wait();
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 let mut o = s.opts.clone();
                 o.timeout = left.map_or(s.opts.timeout, |l| l.min(s.opts.timeout));
-                let c = Subscriber::connect_with_waker(&s.path, &o, &s.waker)?;
-                s.watch(&c)?;
-                let _ = s.kick.read();
-                *conn = Some(c);
+                let c = match Subscriber::connect_with_waker(&s.path, &o, &s.waker) {
+                    Ok(c) => c,
+                    Err(Error::Interrupted) => {
+                        // connect does not take the wake-up back: the next wait must block.
+                        s.waker.clear();
+                        return Err(Fail(GPUSHM_INTERRUPTED, "interrupted".into()));
+                    }
+                    Err(Error::Timeout(_))
+                        if deadline.is_some_and(|d| Instant::now() >= d)
+                            && st.gone_since.is_some_and(|g| g.elapsed() < s.opts.timeout) =>
+                    {
+                        return Err(Fail(
+                            GPUSHM_TIMEOUT,
+                            "no producer came back within the timeout".into(),
+                        ))
+                    }
+                    Err(Error::Timeout(_)) => {
+                        return Err(Fail(
+                            GPUSHM_ERROR_DISCONNECTED,
+                            format!(
+                                "the producer went away and none came back within connect_timeout_ns at {}",
+                                s.path.display()
+                            ),
+                        ))
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                let _ = s.retry.unset();
+                st.sub = Some(c);
+                st.gone_since = None;
             }
-            let c = conn.as_mut().expect("connected above");
+            s.watch(&mut st)?;
+            let c = st.sub.as_mut().expect("connected above");
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match c.next_frame(left) {
                 Ok(Some(f)) => {
-                    let id = lock(&FRAMES).insert(Arc::new(FrameObj::new(f)));
+                    let id = lock(&FRAMES).insert(Arc::new(FrameObj::new(f)))?;
                     // SAFETY: checked non-NULL.
                     unsafe { out.write(id as *mut gpushm_frame) };
                     return Ok(GPUSHM_OK);
@@ -522,11 +660,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
                     set_error("the producer ended the stream");
                     return Ok(GPUSHM_EOS);
                 }
-                Err(Error::Disconnected) if s.reconnect => {
-                    *conn = None;
-                    // Readable until the next call has connected again.
-                    let _ = s.kick.write(1);
-                }
+                Err(Error::Disconnected) if s.reconnect => s.disconnect(&mut st),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -536,7 +670,8 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
 /// A descriptor to wait on with poll/epoll/select (or an event loop such as a ROS executor)
 /// instead of blocking in `gpushm_subscriber_next_frame`: it is readable when a frame (or
 /// EOS, or news from the producer) may be there; then call `gpushm_subscriber_next_frame` with
-/// a timeout of 0. It belongs to the subscriber: do not close it.
+/// a timeout of 0. It belongs to the subscriber: do not close it. (From the first call on, the
+/// producer rings a doorbell for each frame, which a blocking user does not need.)
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_subscriber_fd(
     sub: *mut gpushm_subscriber,
@@ -545,6 +680,11 @@ pub unsafe extern "C" fn gpushm_subscriber_fd(
     guard(|| {
         let out = out_ptr(fd, "fd")?;
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        {
+            let mut st = lock(&s.conn);
+            st.watching = true;
+            s.watch(&mut st)?;
+        }
         let raw: RawFd = s.epoll.0.as_raw_fd();
         // SAFETY: checked non-NULL.
         unsafe { out.write(raw) };
@@ -564,6 +704,7 @@ pub unsafe extern "C" fn gpushm_subscriber_interrupt(sub: *mut gpushm_subscriber
 
 /// The producer's caps (a GStreamer caps string), copied into `buf` (`len` bytes, with the
 /// terminating NUL; truncated if longer). `*needed` (if not NULL) gets the length with NUL.
+/// Waits while another thread waits for a frame on this subscriber.
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_subscriber_caps(
     sub: *mut gpushm_subscriber,
@@ -574,6 +715,7 @@ pub unsafe extern "C" fn gpushm_subscriber_caps(
     guard(|| {
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
         let caps = lock(&s.conn)
+            .sub
             .as_ref()
             .and_then(|c| c.caps())
             .map(|c| c.to_string())
@@ -584,7 +726,7 @@ pub unsafe extern "C" fn gpushm_subscriber_caps(
 }
 
 /// Closes the connection and frees the subscriber. Frames it gave stay valid until released.
-/// A `gpushm_subscriber_next_frame` waiting on it in another thread returns
+/// Every `gpushm_subscriber_next_frame` waiting on it in other threads returns
 /// GPUSHM_INTERRUPTED.
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_subscriber_destroy(sub: *mut gpushm_subscriber) -> gpushm_status {
@@ -592,6 +734,7 @@ pub unsafe extern "C" fn gpushm_subscriber_destroy(sub: *mut gpushm_subscriber) 
         let s = lock(&SUBSCRIBERS)
             .remove(sub as u64)
             .ok_or_else(|| bad_handle("subscriber"))?;
+        s.closed.store(true, Ordering::Release);
         s.waker.wake();
         drop(s);
         Ok(GPUSHM_OK)
@@ -694,7 +837,8 @@ impl FrameObj {
         info.dts = f.meta.dts;
         info.duration = f.meta.duration;
         info.offset = f.meta.offset;
-        info.flags = f.meta.buffer_flags;
+        // Bits below GST_MINI_OBJECT_FLAG_LAST (1 << 4) are the mini object's, not the buffer's.
+        info.flags = f.meta.buffer_flags & !0xf;
         info.publish_ns = f.meta.publish_ns;
         info.on_device = on_device as c_int;
         if let Ok(g) = FrameGeometry::of_frame(&f.meta, &f.caps) {
@@ -738,10 +882,39 @@ fn describe(
 
 fn live_frame(frame: *const gpushm_frame) -> Result<Arc<FrameObj>, Fail> {
     let f = get(&FRAMES, frame as _, "frame")?;
-    if lock(&f.frame).is_none() {
-        return Err(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into()));
-    }
-    Ok(f)
+    let state = match lock(&f.frame).as_ref() {
+        None => Err(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into())),
+        Some(h) if !h.0.lease.is_valid() => Err(Fail(
+            GPUSHM_ERROR_REVOKED,
+            format!(
+                "the producer took the frame back: {}",
+                h.0.lease.revoked().unwrap_or_default()
+            ),
+        )),
+        Some(_) => Ok(()),
+    };
+    state.map(|()| f)
+}
+
+/// `*valid` is 1 while the frame is still this consumer's, 0 once the producer took it back
+/// (see gpushm_frame): check it after reading a frame you kept for long, and drop what you
+/// read if it is 0. GPUSHM_ERROR_RELEASED after release.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_frame_is_valid(
+    frame: *const gpushm_frame,
+    valid: *mut c_int,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(valid, "valid")?;
+        let v = match live_frame(frame) {
+            Ok(_) => 1,
+            Err(Fail(GPUSHM_ERROR_REVOKED, _)) => 0,
+            Err(e) => return Err(e),
+        };
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(v) };
+        Ok(GPUSHM_OK)
+    })
 }
 
 /// Describes the frame: format, size, planes (pointers into the ring, valid until the frame
@@ -800,6 +973,9 @@ pub unsafe extern "C" fn gpushm_frame_cuda_ptr(
             let dev = gpushm_core::cuda::device(cuda_device)
                 .map_err(|e| Fail(GPUSHM_ERROR_NO_GPU, e.to_string()))?;
             let ring = frame.lease.ring();
+            // One registration per ring, whichever threads ask at once.
+            static REGISTERING: Mutex<()> = Mutex::new(());
+            let _one = lock(&REGISTERING);
             if ring.attachment().is_none() {
                 let (base, len) = ring.mapping();
                 // SAFETY: the registration is attached to the ring and dropped with it,
@@ -959,7 +1135,7 @@ pub unsafe extern "C" fn gpushm_publisher_open(
         } else {
             FramePublisher::new(&path, layout, (o.fps_n, o.fps_d), o.slots, config)?
         };
-        let id = lock(&PUBLISHERS).insert(Arc::new(PubObj { p }));
+        let id = lock(&PUBLISHERS).insert(Arc::new(PubObj { p }))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_publisher) };
         Ok(GPUSHM_OK)
@@ -1005,7 +1181,7 @@ pub unsafe extern "C" fn gpushm_publisher_acquire(
             publisher: publisher as u64,
             info: InfoCell(info),
         };
-        let id = lock(&SLOTS).insert(Arc::new(obj));
+        let id = lock(&SLOTS).insert(Arc::new(obj))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_slot) };
         Ok(GPUSHM_OK)
@@ -1060,10 +1236,10 @@ pub unsafe extern "C" fn gpushm_publisher_publish(
     capture_ns: u64,
 ) -> gpushm_status {
     guard(|| {
-        let p = get(&PUBLISHERS, publisher as _, "publisher")?;
         let s = lock(&SLOTS)
             .remove(slot as u64)
             .ok_or_else(|| bad_handle("slot"))?;
+        let p = get(&PUBLISHERS, publisher as _, "publisher")?;
         if s.publisher != publisher as u64 {
             return Err(invalid("the slot was lent by another publisher"));
         }
@@ -1136,7 +1312,10 @@ pub unsafe extern "C" fn gpushm_publisher_destroy(
 /// one that did). Valid until this thread's next gpushm call.
 #[no_mangle]
 pub extern "C" fn gpushm_last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    static GONE: &[u8] = b"(this thread is exiting)\0";
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(GONE.as_ptr() as *const c_char)
 }
 
 /// The library's version, "MAJOR.MINOR.PATCH".

@@ -11,6 +11,9 @@
  *   capi_test killed SOCK               holds a frame while the producer is killed (-9): its
  *                                       bytes stay the same, then the producer is gone
  *   capi_test misuse SOCK               every misuse is an error code, never a crash
+ *   capi_test threads SOCK              a wait ended from another thread: interrupt, destroy
+ *   capi_test reconnect SOCK            3 frames, then (the producer restarted meanwhile) 3
+ *                                       more from the new producer, through reconnect
  * Prints "OK ..." on success, "FAIL ..." (and exits 1) otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -18,6 +21,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,7 +165,7 @@ static int consume(const char *sock, int n, const char *out_path)
     int fd = -1;
     CHECK(gpushm_subscriber_fd(s, &fd) == GPUSHM_OK && fd >= 0, "fd");
     uint64_t last_pts = 0;
-    int got = 0;
+    int got = 0, idle = 0;
     while (got < n && !failures) {
         gpushm_frame *f = NULL;
         gpushm_status st;
@@ -172,8 +176,11 @@ static int consume(const char *sock, int n, const char *out_path)
             CHECK(r == 1, "poll: %d", r);
             st = gpushm_subscriber_next_frame(s, 0, &f);
             if (st == GPUSHM_TIMEOUT) {
-                continue; /* readable for news other than a frame */
+                /* Readable for news other than a frame: now and then, never for good. */
+                CHECK(++idle < 1000, "the fd stays readable with no frame");
+                continue;
             }
+            idle = 0;
         } else {
             st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
         }
@@ -280,6 +287,9 @@ static int killed(const char *sock)
 
 static int misuse(const char *sock)
 {
+    char nobody[512], other[512];
+    snprintf(nobody, sizeof nobody, "%s.nobody", sock);
+    snprintf(other, sizeof other, "%s.pub", sock);
     gpushm_frame_info info;
     gpushm_frame *f = NULL;
     gpushm_subscriber *s = NULL;
@@ -303,18 +313,36 @@ static int misuse(const char *sock)
     gpushm_publisher_options po;
     gpushm_publisher_options_init(&po);
     gpushm_publisher *p = NULL;
-    CHECK(gpushm_publisher_open("/tmp/gpushm-capi-misuse.sock", &po, &p) ==
-              GPUSHM_ERROR_INVALID_ARGUMENT, "publisher without a format");
+    CHECK(gpushm_publisher_open(other, &po, &p) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "publisher without a format");
     po.format = "NOPE";
     po.width = 16;
     po.height = 16;
-    CHECK(gpushm_publisher_open("/tmp/gpushm-capi-misuse.sock", &po, &p) ==
-              GPUSHM_ERROR_INVALID_ARGUMENT, "unknown format");
+    CHECK(gpushm_publisher_open(other, &po, &p) == GPUSHM_ERROR_INVALID_ARGUMENT, "unknown format");
+    /* Slots: discarded once, published only by their publisher. */
+    po.format = "GRAY8";
+    gpushm_publisher *p2 = NULL;
+    char other2[520];
+    snprintf(other2, sizeof other2, "%s2", other);
+    CHECK(gpushm_publisher_open(other, &po, &p) == GPUSHM_OK, "publisher");
+    CHECK(gpushm_publisher_open(other2, &po, &p2) == GPUSHM_OK, "second publisher");
+    gpushm_slot *slot = NULL;
+    CHECK(gpushm_publisher_acquire(p, 1000000000ll, &slot) == GPUSHM_OK, "acquire");
+    CHECK(gpushm_slot_discard(slot) == GPUSHM_OK, "discard");
+    CHECK(gpushm_slot_discard(slot) == GPUSHM_ERROR_BAD_HANDLE, "double discard");
+    CHECK(gpushm_publisher_publish(p, slot, 0) == GPUSHM_ERROR_BAD_HANDLE, "publish a discarded slot");
+    CHECK(gpushm_publisher_acquire(p, 1000000000ll, &slot) == GPUSHM_OK, "acquire again");
+    CHECK(gpushm_publisher_publish(p2, slot, 0) == GPUSHM_ERROR_INVALID_ARGUMENT, "another's slot");
+    CHECK(gpushm_slot_get_info(slot, &info) == GPUSHM_ERROR_BAD_HANDLE, "the slot is gone after publish");
+    CHECK(gpushm_publisher_publish((gpushm_publisher *)slot, slot, 0) == GPUSHM_ERROR_BAD_HANDLE,
+          "a slot as publisher");
+    CHECK(gpushm_publisher_destroy(p2) == GPUSHM_OK && gpushm_publisher_destroy(p) == GPUSHM_OK,
+          "publisher_destroy");
+    CHECK(gpushm_publisher_destroy(p) == GPUSHM_ERROR_BAD_HANDLE, "double publisher_destroy");
     /* No producer: a timeout, quickly. */
     o.mode = 0;
     o.connect_timeout_ns = 100000000ll;
-    CHECK(gpushm_subscriber_open("/tmp/gpushm-capi-nobody.sock", &o, &s) == GPUSHM_TIMEOUT,
-          "no producer");
+    CHECK(gpushm_subscriber_open(nobody, &o, &s) == GPUSHM_TIMEOUT, "no producer");
 
     s = open_sub(sock, 1);
     CHECK(gpushm_subscriber_next_frame(s, 10000000000ll, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT,
@@ -343,13 +371,110 @@ static int misuse(const char *sock)
     CHECK(gpushm_subscriber_caps(s, caps, sizeof caps, &needed) == GPUSHM_OK && needed > sizeof caps &&
               strlen(caps) == sizeof caps - 1,
           "caps truncated: needed %zu", needed);
+    uint64_t before = frame_hash(&info);
     CHECK(gpushm_subscriber_destroy(s) == GPUSHM_OK, "destroy sub");
     CHECK(gpushm_subscriber_destroy(s) == GPUSHM_ERROR_BAD_HANDLE, "double destroy sub");
-    CHECK(gpushm_frame_get_info(g, &info) == GPUSHM_OK && frame_hash(&info) != 0,
-          "a frame outlives its subscriber");
+    /* The live producer goes on through the ring (30 fps) meanwhile: the held slot is not
+     * reused. */
+    struct timespec wait = {0, 400000000};
+    nanosleep(&wait, NULL);
+    int valid = 0;
+    CHECK(gpushm_frame_is_valid(g, &valid) == GPUSHM_OK && valid == 1, "valid");
+    CHECK(gpushm_frame_get_info(g, &info) == GPUSHM_OK && frame_hash(&info) == before,
+          "a frame outlives its subscriber, unchanged");
     CHECK(gpushm_frame_destroy(g) == GPUSHM_OK, "destroy without release");
     if (!failures) {
         printf("OK misuse\n");
+    }
+    return failures != 0;
+}
+
+struct later {
+    gpushm_subscriber *s;
+    int destroy;
+};
+
+static void *act_later(void *arg)
+{
+    struct later *l = arg;
+    struct timespec t = {0, 300000000};
+    nanosleep(&t, NULL);
+    if (l->destroy) {
+        gpushm_subscriber_destroy(l->s);
+    } else {
+        gpushm_subscriber_interrupt(l->s);
+    }
+    return NULL;
+}
+
+/* Waits without a timeout while another thread interrupts, then destroys: both waits end. */
+static int threads(const char *sock)
+{
+    for (int destroy = 0; destroy < 2; destroy++) {
+        gpushm_subscriber *s = open_sub(sock, 1);
+        gpushm_frame *f = NULL;
+        /* Whatever the producer published before: take it. */
+        while (gpushm_subscriber_next_frame(s, 0, &f) == GPUSHM_OK) {
+            gpushm_frame_destroy(f);
+        }
+        struct later l = {s, destroy};
+        pthread_t t;
+        pthread_create(&t, NULL, act_later, &l);
+        uint64_t t0 = now_ms();
+        gpushm_status st = gpushm_subscriber_next_frame(s, -1, &f);
+        uint64_t dt = now_ms() - t0;
+        pthread_join(t, NULL);
+        CHECK(st == GPUSHM_INTERRUPTED, "%s: status %d", destroy ? "destroy" : "interrupt", st);
+        CHECK(dt >= 200 && dt < 5000, "%s after %llu ms", destroy ? "destroy" : "interrupt",
+              (unsigned long long)dt);
+        if (destroy) {
+            CHECK(gpushm_subscriber_next_frame(s, 0, &f) == GPUSHM_ERROR_BAD_HANDLE, "destroyed");
+        } else {
+            /* The interrupt is taken: the next wait waits again. */
+            t0 = now_ms();
+            st = gpushm_subscriber_next_frame(s, 300000000ll, &f);
+            CHECK(st == GPUSHM_TIMEOUT && now_ms() - t0 >= 250, "after an interrupt: %d", st);
+            gpushm_subscriber_destroy(s);
+        }
+    }
+    if (!failures) {
+        printf("OK threads\n");
+    }
+    return failures != 0;
+}
+
+static int reconnect(const char *sock)
+{
+    gpushm_subscriber_options o;
+    gpushm_subscriber_options_init(&o);
+    o.mode = 1;
+    o.reconnect = 1;
+    o.connect_timeout_ns = 20000000000ll;
+    gpushm_subscriber *s = NULL;
+    CHECK(gpushm_subscriber_open(sock, &o, &s) == GPUSHM_OK, "open");
+    for (int round = 0; round < 2 && !failures; round++) {
+        for (int i = 0; i < 3; i++) {
+            gpushm_frame *f = NULL;
+            gpushm_status st = gpushm_subscriber_next_frame(s, 20000000000ll, &f);
+            CHECK(st == GPUSHM_OK, "round %d frame %d: %d", round, i, st);
+            if (st != GPUSHM_OK) {
+                break;
+            }
+            gpushm_frame_info info;
+            gpushm_frame_get_info(f, &info);
+            /* The C producer's frame i: byte (0, 0) is 7 i. */
+            CHECK(info.planes[0].data[0] == (uint8_t)(7 * i), "round %d frame %d: %u", round, i,
+                  info.planes[0].data[0]);
+            gpushm_frame_destroy(f);
+        }
+        if (round == 0) {
+            printf("GOT3\n");
+            fflush(stdout);
+        }
+    }
+    gpushm_subscriber_destroy(s);
+    if (!failures) {
+        printf("OK reconnect\n");
     }
     return failures != 0;
 }
@@ -374,6 +499,12 @@ int main(int argc, char **argv)
     }
     if (argc >= 3 && !strcmp(argv[1], "misuse")) {
         return misuse(argv[2]);
+    }
+    if (argc >= 3 && !strcmp(argv[1], "threads")) {
+        return threads(argv[2]);
+    }
+    if (argc >= 3 && !strcmp(argv[1], "reconnect")) {
+        return reconnect(argv[2]);
     }
     fprintf(stderr, "usage: see the comment at the top of capi_test.c (gpushm %s)\n", gpushm_version());
     return 2;

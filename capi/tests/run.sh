@@ -16,7 +16,7 @@ trap cleanup EXIT
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export GST_PLUGIN_PATH=$prefix/lib/gstreamer-1.0
-cflags=(-Wall -Wextra -pedantic -Werror -O1 -g)
+cflags=(-Wall -Wextra -pedantic -Werror -O1 -g -pthread)
 if [ "$mode" = asan ]; then
   cflags+=(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all)
   # Leaks too: every handle the tests make is destroyed.
@@ -26,6 +26,11 @@ say() { echo "capi[$mode]: $*"; }
 fail() { echo "capi[$mode]: FAIL: $*"; exit 1; }
 
 pkg-config --exists gpushm || fail "pkg-config does not find gpushm in $PKG_CONFIG_PATH"
+# Every symbol the library exports is ours, under the gpushm_ prefix; its soname is versioned.
+lib=$prefix/lib/libgpushm.so
+others=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^gpushm_' || true)
+[ -z "$others" ] || fail "libgpushm.so exports symbols without the gpushm_ prefix: $others"
+readelf -d "$lib" | grep -q 'SONAME.*libgpushm.so.0' || fail "libgpushm.so has no soname libgpushm.so.0"
 # shellcheck disable=SC2046
 cc -std=c11 "${cflags[@]}" "$here/capi/tests/capi_test.c" -o "$work/capi_test" $(pkg-config --cflags --libs gpushm)
 # shellcheck disable=SC2046
@@ -77,6 +82,7 @@ done
 sock=$work/cprod.sock; rm -f "$sock"
 c_producer "$sock" 30 eos
 gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+wait "${pids[-1]}" || fail "the C producer failed: $(cat "$work/producer.log")"
 "$work/capi_test" expect 30 > "$work/want.raw"
 cmp "$work/got.raw" "$work/want.raw" || fail "gpushmsrc got other bytes than the C producer published"
 say "C producer -> gpushmsrc: 30 frames equal"
@@ -86,13 +92,27 @@ sock=$work/hold.sock; rm -f "$sock"
 c_producer "$sock" 3 hold
 "$work/capi_test" timeout "$sock" 3 | tee "$work/out.log"
 grep -q "^OK timeout" "$work/out.log" || fail "timeout"
+"$work/capi_test" threads "$sock" | tee "$work/out.log"
+grep -q "^OK threads" "$work/out.log" || fail "threads"
+
+# 3b. Reconnect: the producer is killed and another starts at the same path.
+sock=$work/again.sock; rm -f "$sock"
+c_producer "$sock" 3 hold
+coproc R { "$work/capi_test" reconnect "$sock"; }
+read -r line <&"${R[0]}" || true
+[ "$line" = GOT3 ] || fail "reconnect: $line"
+kill -9 "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+rm -f "$sock"
+c_producer "$sock" 3 hold
+out=$(cat <&"${R[0]}"); echo "$out"
+echo "$out" | grep -q "^OK reconnect" || fail "reconnect"
 
 # 4. The producer killed (-9) while a frame is held.
 sock=$work/kill.sock; rm -f "$sock"
 gst_producer "$sock" videotestsrc is-live=true pattern=ball ! "video/x-raw,format=I420,width=320,height=240,framerate=30/1"
 prod=${pids[-1]}
 coproc K { "$work/capi_test" killed "$sock"; }
-read -r line <&"${K[0]}"
+read -r line <&"${K[0]}" || true
 [ "$line" = HOLDING ] || fail "killed: $line"
 kill -9 "$prod"; wait "$prod" 2>/dev/null || true
 echo go >&"${K[1]}"

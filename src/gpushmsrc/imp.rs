@@ -986,7 +986,11 @@ impl BaseSrcImpl for GpuShmSrc {
             .is_some_and(|st| st.pad_caps.as_ref().is_some_and(|(_, d)| d.is_some()));
         let caps = match known {
             // Frames of a device ring go out in CUDA memory too, where downstream asks.
-            Some(c) if on_device && gstcuda::available().is_ok() => {
+            Some(c)
+                if on_device
+                    && c.structure(0).is_some_and(|s| s.name() == "video/x-raw")
+                    && gstcuda::available().is_ok() =>
+            {
                 let mut both = gstcuda::with_cuda_feature(&c);
                 both.get_mut().expect("new caps").append(c);
                 both
@@ -1086,7 +1090,7 @@ impl PushSrcImpl for GpuShmSrc {
         match item {
             Item::Frame(Received {
                 mut buffer,
-                details: f,
+                details: mut f,
                 headers,
             }) => {
                 if f.arrival_ns.saturating_sub(asked) > TIMING_STALE_NS {
@@ -1117,7 +1121,12 @@ impl PushSrcImpl for GpuShmSrc {
                 if f.on_device.is_some() {
                     let cuda = guard.as_ref().is_some_and(|st| st.pad_cuda);
                     drop(guard);
+                    let before = buffer.as_ptr();
                     buffer = self.to_pad_memory(buffer, &f, cuda)?;
+                    if buffer.as_ptr() != before {
+                        // A copy: it does not hold the frame's slot, so no device pointer to it.
+                        f.slot = None;
+                    }
                     guard = self.state();
                 }
                 let latency_changed = {
