@@ -203,9 +203,15 @@ thread_local! {
 }
 
 fn set_error(msg: &str) {
-    let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     // try_with: a call from a thread-local destructor must not abort.
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| {
+        let mut e = e.borrow_mut();
+        // Every successful call clears the message: without allocating when it is clear.
+        if msg.is_empty() && e.as_bytes().is_empty() {
+            return;
+        }
+        *e = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+    });
 }
 
 /// A status and its message.
@@ -781,7 +787,21 @@ unsafe impl Send for HeldFrame {}
 struct FrameObj {
     frame: Mutex<Option<HeldFrame>>,
     info: InfoCell,
-    caps: CString,
+    caps: Arc<CString>,
+}
+
+/// The caps of the last frames, as a C string: made once per caps, not per frame.
+fn caps_cstring(caps: &Arc<str>) -> Arc<CString> {
+    static LAST: Mutex<Option<(Arc<str>, Arc<CString>)>> = Mutex::new(None);
+    let mut last = lock(&LAST);
+    if let Some((k, v)) = last.as_ref() {
+        if Arc::ptr_eq(k, caps) || **k == **caps {
+            return v.clone();
+        }
+    }
+    let v = Arc::new(CString::new(caps.replace('\0', " ")).unwrap_or_default());
+    *last = Some((caps.clone(), v.clone()));
+    v
 }
 
 /// The frame's description, made once at receipt.
@@ -841,16 +861,62 @@ impl FrameObj {
         info.flags = f.meta.buffer_flags & !0xf;
         info.publish_ns = f.meta.publish_ns;
         info.on_device = on_device as c_int;
-        if let Ok(g) = FrameGeometry::of_frame(&f.meta, &f.caps) {
-            describe(&mut info, &g.format, g.width, g.height, &g.planes, base);
+        if let Some((format, width, height, planes)) = geometry(&f) {
+            describe(&mut info, &format, width, height, &planes, base);
         }
-        let caps = CString::new(f.caps.replace('\0', " ")).unwrap_or_default();
+        let caps = caps_cstring(&f.caps);
         Self {
             frame: Mutex::new(Some(HeldFrame(f))),
             info: InfoCell(info),
             caps,
         }
     }
+}
+
+/// What decides a frame's plane layout: its caps and the layout fields of its descriptor.
+#[derive(PartialEq)]
+struct LayoutKey {
+    caps: Arc<str>,
+    fields: [u64; 4 + 4 * 4],
+}
+
+type Geometry = (String, u32, u32, Vec<gpushm_core::format::Plane>);
+
+/// The frame's layout, checked ([`FrameGeometry::of_frame`]) once per caps and layout, not
+/// per frame (parsing the caps costs more than the rest of a frame's way through this API).
+fn geometry(f: &Frame) -> Option<Geometry> {
+    static LAST: Mutex<Option<(LayoutKey, Option<Geometry>)>> = Mutex::new(None);
+    let m = &f.meta;
+    let mut fields = [0u64; 20];
+    fields[..4].copy_from_slice(&[
+        m.video_format as u64,
+        m.width as u64,
+        m.height as u64,
+        m.n_planes as u64,
+    ]);
+    for p in 0..4 {
+        fields[4 + p * 4..8 + p * 4].copy_from_slice(&[
+            m.plane_offset[p],
+            m.plane_stride[p] as u64,
+            m.plane_rows[p] as u64,
+            m.plane_row_bytes[p] as u64,
+        ]);
+    }
+    let key = LayoutKey {
+        caps: f.caps.clone(),
+        fields,
+    };
+    let mut last = lock(&LAST);
+    if let Some((k, g)) = last.as_ref() {
+        if k.fields == key.fields && (Arc::ptr_eq(&k.caps, &key.caps) || k.caps == key.caps) {
+            return g.clone();
+        }
+    }
+    let g = FrameGeometry::of_frame(m, &f.caps)
+        .ok()
+        .map(|g| (g.format, g.width, g.height, g.planes));
+    *last = Some((key, g.clone()));
+    g
 }
 
 fn describe(

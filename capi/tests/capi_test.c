@@ -14,11 +14,15 @@
  *   capi_test threads SOCK              a wait ended from another thread: interrupt, destroy
  *   capi_test reconnect SOCK            3 frames, then (the producer restarted meanwhile) 3
  *                                       more from the new producer, through reconnect
+ *   capi_test cuda SOCK [device]        (GPU machine) a frame's CUDA device pointer: its bytes,
+ *                                       copied back with libcuda, equal the host view (host
+ *                                       ring); `device`: a device ring's frame, on the GPU
  * Prints "OK ..." on success, "FAIL ..." (and exits 1) otherwise.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <gpushm.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -479,6 +483,65 @@ static int reconnect(const char *sock)
     return failures != 0;
 }
 
+/* libcuda, loaded at run time (the test machine without a GPU never gets here). */
+typedef int (*cu_init_t)(unsigned);
+typedef int (*cu_dtoh_t)(void *, uint64_t, size_t);
+
+static int cuda(const char *sock, int device_ring)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        printf("FAIL no libcuda: %s\n", dlerror());
+        return 1;
+    }
+    cu_init_t cu_init = NULL;
+    cu_dtoh_t dtoh = NULL;
+    /* POSIX's way from dlsym to a function pointer (ISO C has none). */
+    *(void **)(&cu_init) = dlsym(lib, "cuInit");
+    *(void **)(&dtoh) = dlsym(lib, "cuMemcpyDtoH_v2");
+    CHECK(cu_init && dtoh && cu_init(0) == 0, "cuInit");
+    gpushm_subscriber_options o;
+    gpushm_subscriber_options_init(&o);
+    o.mode = 1;
+    o.device_memory = device_ring;
+    o.connect_timeout_ns = 20000000000ll;
+    gpushm_subscriber *s = NULL;
+    CHECK(gpushm_subscriber_open(sock, &o, &s) == GPUSHM_OK, "open");
+    for (int i = 0; i < 5 && !failures; i++) {
+        gpushm_frame *f = NULL;
+        CHECK(gpushm_subscriber_next_frame(s, 20000000000ll, &f) == GPUSHM_OK, "frame %d", i);
+        gpushm_frame_info info;
+        CHECK(gpushm_frame_get_info(f, &info) == GPUSHM_OK, "info");
+        CHECK(info.on_device == device_ring, "on_device %d", info.on_device);
+        uint64_t dp = 0;
+        gpushm_status st = gpushm_frame_cuda_ptr(f, -1, &dp);
+        CHECK(st == GPUSHM_OK && dp != 0, "cuda_ptr: %d", st);
+        /* A CUDA context on the device for the copy: the library made the primary one
+         * current on this thread. */
+        uint8_t *back = malloc(info.size);
+        int r = dtoh(back, dp, info.size);
+        CHECK(r == 0, "cuMemcpyDtoH: %d", r);
+        if (!device_ring && r == 0) {
+            CHECK(memcmp(back, info.data, info.size) == 0, "frame %d differs on the GPU", i);
+        }
+        if (device_ring && r == 0) {
+            /* The tool's device ring frames hold a pattern: at least not all zero. */
+            size_t nz = 0;
+            for (uint64_t b = 0; b < info.size; b++) {
+                nz += back[b] != 0;
+            }
+            CHECK(nz > 0, "frame %d is all zero on the GPU", i);
+        }
+        free(back);
+        gpushm_frame_destroy(f);
+    }
+    gpushm_subscriber_destroy(s);
+    if (!failures) {
+        printf("OK cuda %s\n", device_ring ? "device ring" : "host ring");
+    }
+    return failures != 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -502,6 +565,9 @@ int main(int argc, char **argv)
     }
     if (argc >= 3 && !strcmp(argv[1], "threads")) {
         return threads(argv[2]);
+    }
+    if (argc >= 3 && !strcmp(argv[1], "cuda")) {
+        return cuda(argv[2], argc >= 4 && !strcmp(argv[3], "device"));
     }
     if (argc >= 3 && !strcmp(argv[1], "reconnect")) {
         return reconnect(argv[2]);

@@ -32,7 +32,7 @@ others=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep -v '^gpushm_' || 
 [ -z "$others" ] || fail "libgpushm.so exports symbols without the gpushm_ prefix: $others"
 readelf -d "$lib" | grep -q 'SONAME.*libgpushm.so.0' || fail "libgpushm.so has no soname libgpushm.so.0"
 # shellcheck disable=SC2046
-cc -std=c11 "${cflags[@]}" "$here/capi/tests/capi_test.c" -o "$work/capi_test" $(pkg-config --cflags --libs gpushm)
+cc -std=c11 "${cflags[@]}" "$here/capi/tests/capi_test.c" -o "$work/capi_test" $(pkg-config --cflags --libs gpushm) -ldl
 # shellcheck disable=SC2046
 cc -std=c11 "${cflags[@]}" "$here/examples/c/consumer.c" -o "$work/consumer" $(pkg-config --cflags --libs gpushm)
 # shellcheck disable=SC2046
