@@ -299,3 +299,101 @@ mod device {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// A device-slot memory without a GPU: its "device" bytes come from a closure. The CPU
+    /// map copies them once; shares and shallow copies keep the frame (and its GpuShmCudaMeta),
+    /// a deep copy keeps the bytes but not the meta; the lease goes with the last share.
+    #[test]
+    fn device_slot_memory_maps_once_shares_and_keeps_its_frame_until_the_last_share() {
+        gst::init().unwrap();
+        struct Lease(Arc<AtomicUsize>);
+        impl Drop for Lease {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let copies = Arc::new(AtomicUsize::new(0));
+        let released = Arc::new(AtomicUsize::new(0));
+        let c = copies.clone();
+        let mem = wrap_device_slot_memory(
+            0xdead_0000,
+            64,
+            Box::new(move |dst: &mut [u8]| {
+                c.fetch_add(1, Ordering::SeqCst);
+                for (i, b) in dst.iter_mut().enumerate() {
+                    *b = i as u8;
+                }
+                Ok(())
+            }),
+            Box::new(Lease(released.clone())),
+        );
+        let mut buf = gst::Buffer::new();
+        {
+            let b = buf.get_mut().unwrap();
+            b.append_memory(mem);
+            crate::cudameta::add(
+                b,
+                crate::cudameta::CudaPtr {
+                    device: 0,
+                    device_ptr: 0xdead_0000,
+                    size: 64,
+                    read_only: true,
+                },
+            );
+        }
+        assert!(
+            buf.peek_memory(0)
+                .flags()
+                .contains(gst::MemoryFlags::READONLY),
+            "a frame is read-only"
+        );
+        assert!(
+            buf.memory(0)
+                .unwrap()
+                .into_mapped_memory_writable()
+                .is_err(),
+            "a frame cannot be mapped for writing"
+        );
+        assert_eq!(&buf.map_readable().unwrap()[..4], &[0, 1, 2, 3]);
+        assert_eq!(buf.map_readable().unwrap()[63], 63);
+        assert_eq!(copies.load(Ordering::SeqCst), 1, "one host copy per frame");
+        // A share: the same frame, from an offset.
+        let sub = buf
+            .copy_region(gst::BufferCopyFlags::MEMORY, 16..32)
+            .unwrap();
+        assert_eq!(sub.map_readable().unwrap()[0], 16);
+        // A shallow copy keeps the memory and the device pointer.
+        let shallow = buf.copy();
+        assert!(
+            crate::cudameta::get(&shallow).is_some(),
+            "a shallow copy keeps the meta"
+        );
+        // A deep copy: the bytes, not the frame; no device pointer to a slot it does not keep.
+        let deep = buf.copy_deep().unwrap();
+        assert_eq!(deep.map_readable().unwrap()[5], 5);
+        assert!(
+            crate::cudameta::get(&deep).is_none(),
+            "a deep copy drops the meta"
+        );
+        drop(buf);
+        drop(shallow);
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            0,
+            "a share still holds the frame"
+        );
+        drop(sub);
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            1,
+            "the last share let the frame go"
+        );
+        drop(deep);
+    }
+}
