@@ -52,3 +52,11 @@ venv=${CARGO_TARGET_DIR:-$here/target}/pyvenv
 [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
 "$venv/bin/pip" wheel -q --no-deps -w "$out/wheels" ./python
 "$venv/bin/pip" download -q --only-binary=:all: --python-version 3.12 -d "$out/wheels" pytest
+# The C API: libgpushm and its test program (capi/tests/capi_test.c, found beside it through
+# its rpath), with the GPU script: bash .device/capi/gpu.sh there.
+cargo build --release --locked -p gpushm-capi
+mkdir -p "$out/capi"
+cp -L "${CARGO_TARGET_DIR:-$here/target}/release/libgpushm.so" "$out/capi/libgpushm.so.0"
+cc -std=c11 -O1 -g -Wall -Wextra -pedantic -Werror -pthread capi/tests/capi_test.c -o "$out/capi/capi_test" \
+  -Icapi/include -L"$out/capi" -l:libgpushm.so.0 -ldl -Wl,-rpath,'$ORIGIN'
+cp capi/tests/gpu.sh "$out/capi/"
