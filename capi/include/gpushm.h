@@ -203,7 +203,8 @@ gpushm_status gpushm_subscriber_next_frame(gpushm_subscriber *sub,
 // instead of blocking in `gpushm_subscriber_next_frame`: it is readable when a frame (or
 // EOS, or news from the producer) may be there; then call `gpushm_subscriber_next_frame` with
 // a timeout of 0. It belongs to the subscriber: do not close it. (From the first call on, the
-// producer rings a doorbell for each frame, which a blocking user does not need.)
+// producer rings a doorbell for each frame, which a blocking user does not need.) Ask for it
+// before another thread waits on the subscriber: this call waits while one does.
 gpushm_status gpushm_subscriber_fd(gpushm_subscriber *sub, int *fd);
 
 // Makes a `gpushm_subscriber_next_frame` waiting on this subscriber (in another thread)
