@@ -68,9 +68,6 @@ fn wrap<K: Send + 'static>(
     (mem, user_data)
 }
 
-/// The `mem_type` of [`wrap_device_slot_memory`]'s memories.
-pub const DEVICE_SLOT_MEMORY: &str = "GpuShmDeviceMemory";
-
 /// Copies a device frame's bytes to host memory (the destination is the frame's length).
 pub type CopyToHost = Box<dyn Fn(&mut [u8]) -> Result<(), String> + Send + Sync>;
 

@@ -779,14 +779,9 @@ unsafe fn copy_string(
 // ------------------------------------------------------------------------------------------
 // Frames.
 
-/// A received frame (its lease keeps the slot and the ring's mapping).
-struct HeldFrame(Frame);
-// SAFETY: a Frame's pointer is into a mapping its lease keeps alive; nothing in it is tied to
-// the thread that received it.
-unsafe impl Send for HeldFrame {}
-
 struct FrameObj {
-    frame: Mutex<Option<HeldFrame>>,
+    /// The frame (its lease keeps the slot and the ring's mapping), until released.
+    frame: Mutex<Option<Frame>>,
     info: InfoCell,
     caps: Arc<CString>,
 }
@@ -867,7 +862,7 @@ impl FrameObj {
         }
         let caps = caps_cstring(&f.caps);
         Self {
-            frame: Mutex::new(Some(HeldFrame(f))),
+            frame: Mutex::new(Some(f)),
             info: InfoCell(info),
             caps,
         }
@@ -951,11 +946,11 @@ fn live_frame(frame: *const gpushm_frame) -> Result<Arc<FrameObj>, Fail> {
     let f = get(&FRAMES, frame as _, "frame")?;
     let state = match lock(&f.frame).as_ref() {
         None => Err(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into())),
-        Some(h) if !h.0.lease.is_valid() => Err(Fail(
+        Some(h) if !h.lease.is_valid() => Err(Fail(
             GPUSHM_ERROR_REVOKED,
             format!(
                 "the producer took the frame back: {}",
-                h.0.lease.revoked().unwrap_or_default()
+                h.lease.revoked().unwrap_or_default()
             ),
         )),
         Some(_) => Ok(()),
@@ -1035,7 +1030,7 @@ pub unsafe extern "C" fn gpushm_frame_cuda_ptr(
         let held = guard
             .as_ref()
             .ok_or_else(|| Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into()))?;
-        let frame = &held.0;
+        let frame = held;
         if frame.device_ptr().is_none() && !frame.is_on_device() {
             let dev = gpushm_core::cuda::device(cuda_device)
                 .map_err(|e| Fail(GPUSHM_ERROR_NO_GPU, e.to_string()))?;

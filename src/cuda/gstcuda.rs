@@ -19,6 +19,37 @@ use once_cell::sync::OnceCell;
 /// GstCudaMemory to its device address instead of a host copy.
 pub const MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 
+/// Maps `buffer` (a GstCudaMemory, or gpushm's device-slot memory) to its device address and
+/// runs `f` with that address and the mapped size; unmaps after. `None` when it cannot be
+/// mapped on the GPU (a buffer in system memory, or read-only asked for `write`).
+pub fn with_device_map<R>(
+    buffer: &gst::BufferRef,
+    write: bool,
+    f: impl FnOnce(u64, u64) -> R,
+) -> Option<R> {
+    let flags = MAP_CUDA
+        | if write {
+            gst::ffi::GST_MAP_WRITE
+        } else {
+            gst::ffi::GST_MAP_READ
+        };
+    // SAFETY: a live buffer; a successful map is undone below, after `f` returned (the
+    // copies `f` makes are synchronous). Writing needs a writable buffer, which GStreamer
+    // checks (the map fails otherwise).
+    unsafe {
+        let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
+        if gst::ffi::gst_buffer_map(buffer.as_mut_ptr(), map.as_mut_ptr(), flags)
+            == glib::ffi::GFALSE
+        {
+            return None;
+        }
+        let mut map = map.assume_init();
+        let r = f(map.data as u64, map.size as u64);
+        gst::ffi::gst_buffer_unmap(buffer.as_mut_ptr(), &mut map);
+        Some(r)
+    }
+}
+
 /// The caps feature of buffers in CUDA device memory.
 pub const CUDA_MEMORY: &str = "memory:CUDAMemory";
 

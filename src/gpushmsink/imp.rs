@@ -40,7 +40,7 @@ use once_cell::sync::Lazy;
 
 use super::pool::Server;
 use super::pool::SlotPool;
-use crate::cuda::gstcuda::{CUDA_MEMORY, MAP_CUDA};
+use crate::cuda::gstcuda::CUDA_MEMORY;
 use crate::cuda::Selected;
 use crate::cudameta::{CudaRegister, RingPlacement};
 use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
@@ -281,25 +281,11 @@ impl GpuShmSink {
                 rows: rows as u64,
             });
         }
-        // SAFETY: MAP_CUDA maps GstCudaMemory to its device address; the map is undone
-        // below, after the copy finished (it is synchronous).
-        unsafe {
-            let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
-            if gst::glib::ffi::GFALSE
-                == gst::ffi::gst_buffer_map(
-                    buffer.as_mut_ptr(),
-                    map.as_mut_ptr(),
-                    gst::ffi::GST_MAP_READ | MAP_CUDA,
-                )
-            {
-                return Err(fail("Could not map a buffer in CUDA memory".into()));
-            }
-            let mut map = map.assume_init();
-            let src = map.data as u64;
-            let copied = mem.copy_planes_from_device(dst, src, map.size as u64, &planes);
-            gst::ffi::gst_buffer_unmap(buffer.as_mut_ptr(), &mut map);
-            copied.map_err(|e| fail(format!("Copying a frame from CUDA memory failed: {e}")))?;
-        }
+        crate::cuda::gstcuda::with_device_map(buffer, false, |src, len| {
+            mem.copy_planes_from_device(dst, src, len, &planes)
+        })
+        .ok_or_else(|| fail("Could not map a buffer in CUDA memory".into()))?
+        .map_err(|e| fail(format!("Copying a frame from CUDA memory failed: {e}")))?;
         Ok(out)
     }
 

@@ -416,8 +416,7 @@ impl GpuShmSrc {
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
         let shared = self.shared();
         if let Some(d) = device.filter(|_| crate::ring::format::is_raw_video(caps_str)) {
-            if let Some(pool) = self.cuda_output(&caps, d) {
-                let cuda_caps = gstcuda::with_cuda_feature(&caps);
+            if let Some((pool, cuda_caps)) = self.cuda_output(&caps, d) {
                 if let Some(sh) = &shared {
                     sh.set_cuda_out(Some((pool, caps_str.clone())));
                 }
@@ -454,8 +453,9 @@ impl GpuShmSrc {
     /// Whether downstream takes device-ring frames of `caps` (GPU `device`) in CUDA memory:
     /// it names memory:CUDAMemory in its caps (an element taking ANY gets system memory, as
     /// from nvcodec's decoders) and GStreamer's CUDA library is here. Then the pipeline's
-    /// CUDA context for that GPU and an active CUDA buffer pool for the caps.
-    fn cuda_output(&self, caps: &gst::Caps, device: i32) -> Option<gst::BufferPool> {
+    /// CUDA context for that GPU, an active CUDA buffer pool for the caps, and the caps in
+    /// CUDA memory.
+    fn cuda_output(&self, caps: &gst::Caps, device: i32) -> Option<(gst::BufferPool, gst::Caps)> {
         let obj = self.obj();
         let pad = obj.src_pad();
         let cuda_caps = gstcuda::with_cuda_feature(caps);
@@ -507,12 +507,7 @@ impl GpuShmSrc {
         *self.cuda_ctx.lock().unwrap_or_else(|e| e.into_inner()) = Some(ctx.clone());
         let pool = gstcuda::buffer_pool(&ctx)?;
         let mut config = pool.config();
-        config.set_params(
-            Some(&gstcuda::with_cuda_feature(caps)),
-            info.size() as u32,
-            0,
-            0,
-        );
+        config.set_params(Some(&cuda_caps), info.size() as u32, 0, 0);
         config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
         if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
             gst::element_imp_warning!(
@@ -525,7 +520,7 @@ impl GpuShmSrc {
             );
             return None;
         }
-        Some(pool)
+        Some((pool, cuda_caps))
     }
 
     /// A frame queued before the pad's memory changed (CUDA memory negotiated, or given up)

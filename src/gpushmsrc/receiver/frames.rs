@@ -646,24 +646,11 @@ fn copy_to_cuda_pool(out: &CudaOut, frame: &Frame) -> Result<gst::Buffer, String
             rows: p.rows as u64,
         })
         .collect();
-    // SAFETY: MAP_CUDA maps the pool's GstCudaMemory to its device address for writing; the
-    // map is undone below, after the copy finished (it is synchronous).
-    unsafe {
-        let mut map = std::mem::MaybeUninit::<gst::ffi::GstMapInfo>::zeroed();
-        if gst::glib::ffi::GFALSE
-            == gst::ffi::gst_buffer_map(
-                b.as_mut_ptr(),
-                map.as_mut_ptr(),
-                gst::ffi::GST_MAP_WRITE | crate::cuda::gstcuda::MAP_CUDA,
-            )
-        {
-            return Err("cannot map the CUDA pool's buffer on the GPU".into());
-        }
-        let mut map = map.assume_init();
-        let copied = mem.copy_planes_to_device(src, map.data as u64, map.size as u64, &planes);
-        gst::ffi::gst_buffer_unmap(b.as_mut_ptr(), &mut map);
-        copied.map_err(|e| e.to_string())?;
-    }
+    crate::cuda::gstcuda::with_device_map(b, true, |dst, len| {
+        mem.copy_planes_to_device(src, dst, len, &planes)
+    })
+    .ok_or("cannot map the CUDA pool's buffer on the GPU")?
+    .map_err(|e| e.to_string())?;
     Ok(buffer)
 }
 
