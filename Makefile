@@ -2,7 +2,7 @@
 # make demo   - install what is missing, build, run a producer and a consumer process
 # make test   - install what is missing, then fmt, clippy and every test
 # make build  - release build of the plugin and the examples
-# make install PREFIX=/usr/local - the plugin, and the C API: libgpushm.so, gpushm.h, gpushm.pc
+# make install PREFIX=/usr/local - the plugin, the gpushm command, and the C API: libgpushm.so, gpushm.h, gpushm.pc
 
 CARGO ?= cargo
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
@@ -32,7 +32,7 @@ test: check
 	meson compile -C builddir
 	meson test -C builddir --verbose
 	scratch=$$(mktemp -d) && DESTDIR=$$scratch meson install -C builddir --no-rebuild --quiet && \
-	  for f in '*/gstreamer-1.0/libgstgpushm.so' '*/libgpushm.so.0' '*/include/gpushm.h' '*/pkgconfig/gpushm.pc'; do \
+	  for f in '*/gstreamer-1.0/libgstgpushm.so' '*/libgpushm.so.0' '*/include/gpushm.h' '*/pkgconfig/gpushm.pc' '*/bin/gpushm'; do \
 	    find $$scratch -path "$$f" | grep -q . || { echo "meson install did not install $$f"; exit 1; }; done && rm -rf $$scratch
 	$(MAKE) capi-test
 	$(MAKE) python-test
@@ -68,8 +68,12 @@ capi-header-check:
 	tmp=$$(mktemp) && cbindgen --quiet --config capi/cbindgen.toml --output $$tmp capi && \
 	  { diff -u capi/include/gpushm.h $$tmp || { echo "capi/include/gpushm.h is stale: make capi-header"; rm -f $$tmp; exit 1; }; } && rm -f $$tmp
 
+BINDIR ?= $(PREFIX)/bin
+
 install: capi
 	$(CARGO) build --locked --lib $(PROFILE_FLAG)
+	$(CARGO) build --locked -p gpushm-cli --bin gpushm $(PROFILE_FLAG)
+	install -D -m 755 $(TARGET_DIR)/$(PROFILE)/gpushm $(DESTDIR)$(BINDIR)/gpushm
 	install -D -m 644 $(TARGET_DIR)/$(PROFILE)/libgstgpushm.so $(DESTDIR)$(LIBDIR)/gstreamer-1.0/libgstgpushm.so
 	install -D -m 755 $(TARGET_DIR)/$(PROFILE)/libgpushm.so $(DESTDIR)$(LIBDIR)/libgpushm.so.$(CAPI_VERSION)
 	ln -sf libgpushm.so.$(CAPI_VERSION) $(DESTDIR)$(LIBDIR)/libgpushm.so.$(CAPI_MAJOR)

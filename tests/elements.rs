@@ -79,7 +79,7 @@ fn sink_without_socket_path_says_so() {
     let p = gst::parse::launch("videotestsrc ! gpushmsink").unwrap();
     assert!(p.set_state(gst::State::Playing).is_err());
     let e = error_of(&p, Duration::from_secs(5));
-    assert!(e.contains("socket-path is not set"), "{e}");
+    assert!(e.contains("neither socket-path nor stream is set"), "{e}");
     p.set_state(gst::State::Null).unwrap();
 }
 

@@ -190,6 +190,15 @@ gpushm_status gpushm_subscriber_open(const char *path,
                                      const gpushm_subscriber_options *opts,
                                      gpushm_subscriber **out);
 
+// Connects like `gpushm_subscriber_open` to the producer of stream `name` (gpushmsink
+// stream=NAME, `gpushm_publisher_open_stream`): found in $GPUSHM_RUNTIME_DIR if set, else in
+// this user's directory ($XDG_RUNTIME_DIR/gpushm, or /tmp/gpushm-UID) and then /run/gpushm,
+// looked up again at each attempt while waiting. GPUSHM_ERROR_INVALID for a name that is not
+// 1 to 64 letters, digits and . _ - @ + : (not starting with . or -).
+gpushm_status gpushm_subscriber_open_stream(const char *name,
+                                            const gpushm_subscriber_options *opts,
+                                            gpushm_subscriber **out);
+
 // Waits up to `timeout_ns` (negative: as long as it takes; 0: only looks) for the next
 // frame. GPUSHM_OK: `*frame` is a frame to release and destroy. GPUSHM_TIMEOUT: none came
 // (with 0, also when another thread is waiting on this subscriber). GPUSHM_EOS: the stream
@@ -260,6 +269,15 @@ gpushm_status gpushm_publisher_options_init(gpushm_publisher_options *opts);
 gpushm_status gpushm_publisher_open(const char *path,
                                     const gpushm_publisher_options *opts,
                                     gpushm_publisher **out);
+
+// Serves raw video like `gpushm_publisher_open`, as stream `name`: the socket is made in
+// $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm, or
+// /tmp/gpushm-UID, created mode 0700). Consumers give the same name (gpushmsrc stream=NAME,
+// `gpushm_subscriber_open_stream`). GPUSHM_ERROR_INVALID for a bad name or a directory that
+// cannot be trusted (another user's), saying why.
+gpushm_status gpushm_publisher_open_stream(const char *name,
+                                           const gpushm_publisher_options *opts,
+                                           gpushm_publisher **out);
 
 // Lends a free slot to fill, waiting up to `timeout_ns` (negative: as long as it takes) while
 // consumers hold them all (GPUSHM_TIMEOUT). Fill it through `gpushm_slot_get_info`, then

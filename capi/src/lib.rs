@@ -27,6 +27,8 @@ use std::ffi::{c_char, c_int, CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
+
+use gpushm_core::names::Endpoint;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -393,7 +395,7 @@ fn get<T>(table: &Mutex<Table<T>>, h: *const std::ffi::c_void, what: &str) -> Re
 // Subscribers.
 
 struct SubObj {
-    path: PathBuf,
+    endpoint: Endpoint,
     opts: ConnectOptions,
     reconnect: bool,
     waker: Waker,
@@ -514,9 +516,42 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
     out: *mut *mut gpushm_subscriber,
 ) -> gpushm_status {
     guard(|| {
-        let out = out_ptr(out, "out")?;
         // SAFETY: the caller passes a string.
         let path = PathBuf::from(unsafe { string(path, "path") }?);
+        // SAFETY: the caller's pointers, as documented.
+        unsafe { open_subscriber(Endpoint::Path(path), opts, out) }
+    })
+}
+
+/// Connects like `gpushm_subscriber_open` to the producer of stream `name` (gpushmsink
+/// stream=NAME, `gpushm_publisher_open_stream`): found in $GPUSHM_RUNTIME_DIR if set, else in
+/// this user's directory ($XDG_RUNTIME_DIR/gpushm, or /tmp/gpushm-UID) and then /run/gpushm,
+/// looked up again at each attempt while waiting. GPUSHM_ERROR_INVALID for a name that is not
+/// 1 to 64 letters, digits and . _ - @ + : (not starting with . or -).
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_open_stream(
+    name: *const c_char,
+    opts: *const gpushm_subscriber_options,
+    out: *mut *mut gpushm_subscriber,
+) -> gpushm_status {
+    guard(|| {
+        // SAFETY: the caller passes a string.
+        let name = unsafe { string(name, "name") }?;
+        gpushm_core::names::check_name(&name)?;
+        // SAFETY: the caller's pointers, as documented.
+        unsafe { open_subscriber(Endpoint::Stream(name), opts, out) }
+    })
+}
+
+/// # Safety
+/// `opts` is NULL or the caller's initialised struct; `out` is NULL or writable.
+unsafe fn open_subscriber(
+    endpoint: Endpoint,
+    opts: *const gpushm_subscriber_options,
+    out: *mut *mut gpushm_subscriber,
+) -> Result<gpushm_status, Fail> {
+    {
+        let out = out_ptr(out, "out")?;
         let mut o = ConnectOptions::default();
         let mut reconnect = false;
         if !opts.is_null() {
@@ -546,7 +581,7 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
             }
         }
         let waker = Waker::new()?;
-        let sub = Subscriber::connect_with_waker(&path, &o, &waker)?;
+        let sub = Subscriber::connect_to(&endpoint, &o, &waker)?;
         let sys = |what: &str, e: nix::Error| Fail(GPUSHM_ERROR_SYSTEM, format!("{what}: {e}"));
         let epoll =
             Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| sys("epoll_create", e))?;
@@ -562,7 +597,7 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
             )
             .map_err(|e| sys("epoll_ctl", e))?;
         let obj = SubObj {
-            path,
+            endpoint,
             opts: o,
             reconnect,
             waker,
@@ -580,7 +615,7 @@ pub unsafe extern "C" fn gpushm_subscriber_open(
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_subscriber) };
         Ok(GPUSHM_OK)
-    })
+    }
 }
 
 /// Waits up to `timeout_ns` (negative: as long as it takes; 0: only looks) for the next
@@ -621,7 +656,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 let mut o = s.opts.clone();
                 o.timeout = left.map_or(s.opts.timeout, |l| l.min(s.opts.timeout));
-                let c = match Subscriber::connect_with_waker(&s.path, &o, &s.waker) {
+                let c = match Subscriber::connect_to(&s.endpoint, &o, &s.waker) {
                     Ok(c) => c,
                     Err(Error::Interrupted) => {
                         // connect does not take the wake-up back: the next wait must block.
@@ -642,7 +677,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
                             GPUSHM_ERROR_DISCONNECTED,
                             format!(
                                 "the producer went away and none came back within connect_timeout_ns at {}",
-                                s.path.display()
+                                s.endpoint
                             ),
                         ))
                     }
@@ -1164,9 +1199,42 @@ pub unsafe extern "C" fn gpushm_publisher_open(
     out: *mut *mut gpushm_publisher,
 ) -> gpushm_status {
     guard(|| {
-        let out = out_ptr(out, "out")?;
         // SAFETY: the caller passes a string.
         let path = PathBuf::from(unsafe { string(path, "path") }?);
+        // SAFETY: the caller's pointers, as documented.
+        unsafe { open_publisher(path, opts, out) }
+    })
+}
+
+/// Serves raw video like `gpushm_publisher_open`, as stream `name`: the socket is made in
+/// $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm, or
+/// /tmp/gpushm-UID, created mode 0700). Consumers give the same name (gpushmsrc stream=NAME,
+/// `gpushm_subscriber_open_stream`). GPUSHM_ERROR_INVALID for a bad name or a directory that
+/// cannot be trusted (another user's), saying why.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_publisher_open_stream(
+    name: *const c_char,
+    opts: *const gpushm_publisher_options,
+    out: *mut *mut gpushm_publisher,
+) -> gpushm_status {
+    guard(|| {
+        // SAFETY: the caller passes a string.
+        let name = unsafe { string(name, "name") }?;
+        let path = gpushm_core::names::producer_path(&name)?;
+        // SAFETY: the caller's pointers, as documented.
+        unsafe { open_publisher(path, opts, out) }
+    })
+}
+
+/// # Safety
+/// `opts` is NULL or the caller's initialised struct; `out` is NULL or writable.
+unsafe fn open_publisher(
+    path: PathBuf,
+    opts: *const gpushm_publisher_options,
+    out: *mut *mut gpushm_publisher,
+) -> Result<gpushm_status, Fail> {
+    {
+        let out = out_ptr(out, "out")?;
         if opts.is_null() {
             return Err(invalid(
                 "opts is NULL (format, width and height are needed)",
@@ -1201,7 +1269,7 @@ pub unsafe extern "C" fn gpushm_publisher_open(
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_publisher) };
         Ok(GPUSHM_OK)
-    })
+    }
 }
 
 /// Lends a free slot to fill, waiting up to `timeout_ns` (negative: as long as it takes) while

@@ -49,6 +49,7 @@ use nix::sys::eventfd::EventFd;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
+use super::names::Endpoint;
 use super::producer::{Entry, FrameMeta};
 use super::wire::{
     Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_DEVICE_MEMORY, FLAG_LOSSLESS, FLAG_WRITABLE_RING,
@@ -353,10 +354,11 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
-    /// Connects to the producer at `path`, waiting up to `timeout` for one to appear. `wake`
-    /// aborts the wait.
-    pub fn connect(
-        path: &Path,
+    /// Connects to `ep` (a socket path, or a stream name looked up at each attempt, see
+    /// [`crate::names`]), waiting up to `timeout` for a producer to appear. `wake` aborts the
+    /// wait.
+    pub fn connect_to(
+        ep: &Endpoint,
         opts: &ConnectOptions,
         wake: Option<BorrowedFd<'_>>,
     ) -> Result<Self> {
@@ -367,7 +369,7 @@ impl Connection {
         // consumers started together do not come back together).
         let mut backoff = Duration::from_millis(5);
         loop {
-            match Self::connect_once(path, opts, wake, deadline) {
+            match Self::connect_once(ep, opts, wake, deadline) {
                 // A producer that dies (or is being replaced) can accept a connection and
                 // close it before answering, an impostor may give way to the real one, and a
                 // busy producer asks us to try again: try again while time is left.
@@ -399,24 +401,36 @@ impl Connection {
     }
 
     fn connect_once(
-        path: &Path,
+        ep: &Endpoint,
         opts: &ConnectOptions,
         wake: Option<BorrowedFd<'_>>,
         deadline: Instant,
     ) -> Result<Self> {
-        let stream = loop {
-            match UnixStream::connect(path) {
-                Ok(s) => break s,
-                Err(e) if !connect_error_may_pass(path, &e) => {
-                    return Err(connect_error(path, &e));
+        let (stream, path) = loop {
+            let path = ep.resolve()?;
+            match UnixStream::connect(&path) {
+                Ok(s) => break (s, path),
+                Err(e) if !connect_error_may_pass(&path, &e) => {
+                    return Err(connect_error(&path, &e));
                 }
                 Err(e) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        return Err(Error::Timeout(format!(
-                            "no gpushmsink is serving {} ({e}); is the producer running?",
-                            path.display()
-                        )));
+                        return Err(Error::Timeout(match ep {
+                            Endpoint::Path(_) => format!(
+                                "no gpushmsink is serving {} ({e}); is the producer running?",
+                                path.display()
+                            ),
+                            Endpoint::Stream(n) => format!(
+                                "no gpushmsink is serving stream {n:?} (looked in {}); is the producer running, as this user or with {} set alike?",
+                                crate::names::search_dirs()
+                                    .iter()
+                                    .map(|d| d.display().to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                                crate::names::ENV_DIR
+                            ),
+                        }));
                     }
                     // A producer may appear any moment: retry shortly, unless woken.
                     let ms = left.min(opts.retry).as_millis().clamp(1, u16::MAX as u128) as u16;
@@ -738,6 +752,11 @@ impl Connection {
             releaser: self.releaser.clone(),
         };
         let (meta, ptr) = ring.read_frame(&e)?;
+        if meta.publish_ns != 0 && meta.publish_ns != crate::layout::NONE_U64 {
+            self.releaser
+                .ch
+                .record_latency(crate::monotonic_ns().saturating_sub(meta.publish_ns));
+        }
         let find = |c: &Self| {
             c.caps
                 .iter()
@@ -1053,7 +1072,22 @@ impl Subscriber {
     /// Connects like [`Self::connect`]; `waker` interrupts the wait for a producer
     /// (`Err(Error::Interrupted)`) and, once connected, [`Self::next_frame`].
     pub fn connect_with_waker(path: &Path, opts: &ConnectOptions, waker: &Waker) -> Result<Self> {
-        let conn = Connection::connect(path, opts, Some(waker.0.as_fd()))?;
+        Self::connect_to(&Endpoint::Path(path.to_owned()), opts, waker)
+    }
+
+    /// Connects to the producer of stream `name` (see [`crate::names`]), waiting up to
+    /// `opts.timeout` for one to appear.
+    pub fn connect_stream(name: &str, opts: ConnectOptions) -> Result<Self> {
+        crate::names::check_name(name)?;
+        Self::connect_to(&Endpoint::Stream(name.into()), &opts, &Waker::new()?)
+    }
+
+    /// Connects to `ep` (a path or a stream name) like [`Self::connect_with_waker`].
+    pub fn connect_to(ep: &Endpoint, opts: &ConnectOptions, waker: &Waker) -> Result<Self> {
+        if let Endpoint::Stream(n) = ep {
+            crate::names::check_name(n)?;
+        }
+        let conn = Connection::connect_to(ep, opts, Some(waker.0.as_fd()))?;
         Ok(Self {
             conn,
             wake: waker.0.clone(),
@@ -1163,6 +1197,72 @@ impl Subscriber {
     /// the frame-ready eventfd and the control socket (news, or the producer's end).
     pub fn poll_fds(&self) -> [RawFd; 2] {
         [self.conn.ready_fd(), self.conn.socket_fd()]
+    }
+}
+
+/// What [`query`] learnt of a producer.
+#[derive(Debug, Clone)]
+pub struct Queried {
+    /// The socket asked.
+    pub path: std::path::PathBuf,
+    /// The user and process serving it (SO_PEERCRED).
+    pub producer_uid: u32,
+    pub producer_pid: i32,
+    pub report: crate::wire::StreamReport,
+}
+
+/// Asks the producer at `ep` for its figures (a Query, see [`crate::wire`]) without becoming
+/// its client: no descriptor, no frame. Waits at most `timeout` (a busy producer is asked
+/// again within it). A socket nobody listens on is `Error::Os` with ECONNREFUSED (stale).
+pub fn query(ep: &Endpoint, timeout: Duration) -> Result<Queried> {
+    let deadline = Instant::now() + timeout;
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let path = ep.resolve()?;
+        let stream = UnixStream::connect(&path).map_err(|e| match e.raw_os_error() {
+            Some(c) if c == nix::libc::ECONNREFUSED => Error::os(
+                format!("{}: no producer listens (stale socket)", path.display()),
+                nix::errno::Errno::ECONNREFUSED,
+            ),
+            _ => connect_error(&path, &e),
+        })?;
+        let peer = getsockopt(&stream, PeerCredentials)
+            .map_err(|e| Error::os("reading the producer's credentials (SO_PEERCRED)", e))?;
+        stream.set_nonblocking(true).map_err(|e| {
+            Error::os(
+                "fcntl",
+                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
+            )
+        })?;
+        let mut conn = Conn::new(stream).refusing_fds();
+        conn.send(&Message::Query { flags: 0 }, &[])?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let answer = conn
+            .recv_timeout(left.max(Duration::from_millis(1)), None)?
+            .ok_or_else(|| Error::Timeout(format!("{} did not answer", path.display())))?;
+        match answer.0 {
+            Message::Report(report) => {
+                return Ok(Queried {
+                    path,
+                    producer_uid: peer.uid(),
+                    producer_pid: peer.pid(),
+                    report: *report,
+                })
+            }
+            Message::Error { message } if message.starts_with(BUSY_PREFIX) => {
+                if Instant::now() + backoff >= deadline {
+                    return Err(Error::Busy(format!("the producer is busy: {message}")));
+                }
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(Duration::from_millis(250));
+            }
+            Message::Error { message } => {
+                return Err(Error::Refused(format!(
+                    "the producer refused the query: {message}"
+                )))
+            }
+            m => return Err(Error::protocol(format!("expected Report, got {m:?}"))),
+        }
     }
 }
 

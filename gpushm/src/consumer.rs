@@ -355,6 +355,15 @@ impl ConsumerChannel {
         unsafe { queue_entry(self.base, self.capacity, queue, pos) }
     }
 
+    /// Counts a frame taken `ns` after it was published in the latency histogram the producer
+    /// reports (only this consumer writes it).
+    pub fn record_latency(&self, ns: u64) {
+        // SAFETY: the mapping holds a whole client block of `capacity` entries a queue.
+        let hist = unsafe { client_latency(self.base, self.capacity) };
+        let b = &hist[latency_bucket(ns)];
+        b.store(b.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    }
+
     /// Says whether we wait on the frame-ready eventfd (the producer writes it only then),
     /// ordered before any later look at the delivery queue.
     pub fn set_waiting(&self, on: bool) {

@@ -13,10 +13,15 @@
 //!
 //! client memfd (one per connected consumer; both sides RW, only that consumer sees it)
 //! +-----------------+------------------------------+------------------------------+
-//! | ClientHeader    | delivery QueueEntry[capacity] | release QueueEntry[capacity] |
-//! | (128 B)         | producer -> consumer          | consumer -> producer         |
-//! +-----------------+------------------------------+------------------------------+
+//! | ClientHeader    | delivery QueueEntry[capacity] | release QueueEntry[capacity] | latency u32[96] |
+//! | (128 B)         | producer -> consumer          | consumer -> producer         | consumer        |
+//! +-----------------+------------------------------+------------------------------+-----------------+
 //! ```
+//!
+//! The latency histogram counts, per bucket (see [`latency_bucket`]), the frames the consumer
+//! took that long after they were published (CLOCK_MONOTONIC, `SlotDesc::publish_ns`). Only
+//! the consumer writes it; the producer only reports it (`gpushm top`), so a consumer that
+//! lies there misleads nobody but whoever reads its own figures.
 //!
 //! Everything in shared memory is an atomic, so no `&mut` is ever formed to mapped memory and
 //! a peer writing concurrently is never undefined behaviour, only a value that has to be
@@ -33,8 +38,9 @@ pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
 /// Bumped whenever any struct in this file changes. Version 4 added each plane's rows, visible
 /// bytes per row and components ([`SlotDesc::plane_rows`]): a consumer of version 3 refuses a
 /// version 4 ring (and the other way round) with "ring layout version 4 is not supported (this
-/// side reads 3)", gpushmsrc as an element error at connection.
-pub const LAYOUT_VERSION: u32 = 4;
+/// side reads 3)", gpushmsrc as an element error at connection. Version 5 added the client
+/// block's latency histogram.
+pub const LAYOUT_VERSION: u32 = 5;
 
 pub const MAX_PLANES: usize = 4;
 /// Upper bound for the slot count of one ring.
@@ -297,8 +303,79 @@ pub(crate) unsafe fn queue_entry<'a>(
     unsafe { &*(base.0.as_ptr().add(off) as *const QueueEntry) }
 }
 
+/// Buckets of a client's latency histogram: four a doubling, from 1 µs (bucket 0 holds
+/// everything below 1 µs) to about 15 s (the last bucket holds everything above).
+pub const LATENCY_BUCKETS: usize = 96;
+const LATENCY_SUBS: u32 = 4;
+
+/// The bucket a latency of `ns` nanoseconds is counted in.
+pub fn latency_bucket(ns: u64) -> usize {
+    let us = ns / 1000;
+    if us == 0 {
+        return 0;
+    }
+    // ns in [base, 2 base), base = 2^k µs: bucket 1 + 4k + the quarter of that doubling.
+    let k = (63 - us.leading_zeros()).min(62);
+    let base = 1000u64 << k;
+    let quarter = ((ns - base) as u128 * 4 / base as u128) as u32;
+    ((1 + k * LATENCY_SUBS + quarter.min(3)) as usize).min(LATENCY_BUCKETS - 1)
+}
+
+/// The lowest latency (ns) bucket `i` counts (0 for bucket 0).
+pub fn latency_bucket_floor(i: usize) -> u64 {
+    if i == 0 {
+        return 0;
+    }
+    let i = (i - 1) as u32;
+    let (k, quarter) = (i / LATENCY_SUBS, (i % LATENCY_SUBS) as u64);
+    let base = 1000u64 << k.min(40);
+    base + base / 4 * quarter
+}
+
+/// The latency below which `pct` percent of the frames counted in `hist` were taken: the
+/// upper edge of the bucket the percentile falls in (an overestimate of at most one
+/// quarter-doubling, about 19 %). `None` when nothing was counted.
+pub fn latency_percentile(hist: &[u32], pct: f64) -> Option<u64> {
+    let total: u64 = hist.iter().map(|&c| c as u64).sum();
+    if total == 0 {
+        return None;
+    }
+    let want = ((total as f64 * pct / 100.0).ceil() as u64).clamp(1, total);
+    let mut seen = 0u64;
+    for (i, &c) in hist.iter().enumerate() {
+        seen += c as u64;
+        if seen >= want {
+            return Some(if i + 1 < hist.len() {
+                latency_bucket_floor(i + 1)
+            } else {
+                latency_bucket_floor(i)
+            });
+        }
+    }
+    None
+}
+
+fn latency_offset(capacity: u32) -> usize {
+    CLIENT_HEADER_SIZE + 2 * capacity as usize * size_of::<QueueEntry>()
+}
+
+/// The latency histogram of a client block mapped at `base` with `capacity` entries a queue.
+///
+/// # Safety
+/// As [`client_header`], for a block of `capacity` entries per queue.
+pub(crate) unsafe fn client_latency<'a>(base: Base, capacity: u32) -> &'a [AtomicU32] {
+    // SAFETY: in bounds of the block per the contract (client_block_size counts it), 4-byte
+    // aligned (the queues before it are 16-byte entries), all atomics.
+    unsafe {
+        std::slice::from_raw_parts(
+            base.0.as_ptr().add(latency_offset(capacity)) as *const AtomicU32,
+            LATENCY_BUCKETS,
+        )
+    }
+}
+
 pub fn client_block_size(capacity: u32) -> u64 {
-    CLIENT_HEADER_SIZE as u64 + 2 * capacity as u64 * size_of::<QueueEntry>() as u64
+    (latency_offset(capacity) + LATENCY_BUCKETS * size_of::<AtomicU32>()) as u64
 }
 
 pub fn pack_loc(ring_gen: u32, slot: u32) -> u64 {
@@ -312,6 +389,49 @@ pub fn unpack_loc(loc: u64) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latency_buckets_cover_their_values_and_percentiles_land_in_them() {
+        for ns in [
+            0u64,
+            999,
+            1000,
+            1500,
+            2999,
+            3000,
+            7000,
+            50_000,
+            1_000_000,
+            33_333_333,
+            u64::MAX,
+        ] {
+            let b = latency_bucket(ns);
+            assert!(b < LATENCY_BUCKETS);
+            assert!(latency_bucket_floor(b) <= ns, "{ns} below its bucket {b}");
+            if b + 1 < LATENCY_BUCKETS {
+                assert!(
+                    ns < latency_bucket_floor(b + 1),
+                    "{ns} above its bucket {b}"
+                );
+            }
+        }
+        // Buckets rise with the value.
+        let mut last = 0;
+        for us in 1..100_000u64 {
+            let b = latency_bucket(us * 1000);
+            assert!(b >= last);
+            last = b;
+        }
+        let mut hist = [0u32; LATENCY_BUCKETS];
+        assert_eq!(latency_percentile(&hist, 50.0), None);
+        // 98 frames at 40 µs, 2 at 5 ms: p50 is about 40 µs, p99 about 5 ms.
+        hist[latency_bucket(40_000)] += 98;
+        hist[latency_bucket(5_000_000)] += 2;
+        let p50 = latency_percentile(&hist, 50.0).unwrap();
+        let p99 = latency_percentile(&hist, 99.0).unwrap();
+        assert!((40_000..=48_000).contains(&p50), "p50 {p50}");
+        assert!((5_000_000..=6_000_000).contains(&p99), "p99 {p99}");
+    }
 
     #[test]
     fn geometry_is_page_aligned() {

@@ -22,6 +22,7 @@ pub mod cuda;
 pub mod format;
 pub mod frame;
 pub mod layout;
+pub mod names;
 pub mod producer;
 pub mod publisher;
 pub mod shm;

@@ -263,6 +263,8 @@ pub struct ClientChannel {
     rpos_seen: u64,
     rel_rpos: u64,
     dropped: u64,
+    /// Of `dropped`, the frames never handed over because the client held its whole budget.
+    skipped: u64,
     taken: u64,
     pending: VecDeque<Entry>,
     held: Vec<Entry>,
@@ -291,6 +293,7 @@ impl ClientChannel {
             rpos_seen: 0,
             rel_rpos: 0,
             dropped: 0,
+            skipped: 0,
             taken: 0,
             pending: VecDeque::new(),
             held: Vec::new(),
@@ -362,6 +365,20 @@ impl ClientChannel {
         self.dropped
     }
 
+    /// Of [`Self::dropped`], the frames never handed over because the client held its whole
+    /// budget.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The client's latency histogram (see [`crate::layout::latency_bucket`]): its own
+    /// figures, only reported.
+    pub fn latency_histogram(&self) -> Vec<u32> {
+        // SAFETY: the mapping holds a whole client block of `capacity` entries a queue.
+        let hist = unsafe { client_latency(self.base, self.capacity) };
+        hist.iter().map(|b| b.load(Ordering::Relaxed)).collect()
+    }
+
     /// Asks the client to write its slot-released eventfd after each release (`true`), or
     /// to leave releases for the producer to pick up (`false`). Ordered before any later
     /// look at the release queue.
@@ -402,6 +419,7 @@ impl ClientChannel {
     /// Counts a frame this client does not get (it holds its whole budget), where the
     /// consumer sees it too.
     pub fn skip(&mut self) {
+        self.skipped += 1;
         self.dropped += 1;
         self.header().dropped.store(self.dropped, Ordering::Relaxed);
     }

@@ -25,8 +25,9 @@ use crate::client::Delivery;
 use crate::layout::CLIENT_QUEUE_CAPACITY;
 use crate::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
 use crate::wire::{
-    Conn, Message, BUSY_PREFIX, FLAG_AUTO, FLAG_DEVICE_MEMORY, FLAG_LOSSLESS, FLAG_WRITABLE_RING,
-    RING_DEVICE, RING_WRITABLE,
+    ClientReport, Conn, Message, StreamReport, BUSY_PREFIX, FLAG_AUTO, FLAG_DEVICE_MEMORY,
+    FLAG_LOSSLESS, FLAG_WRITABLE_RING, REPORT_INTERVAL, REPORT_MAX_NAME, RING_DEVICE,
+    RING_WRITABLE,
 };
 use crate::{shm, Error, Result};
 
@@ -171,6 +172,61 @@ pub struct ClientStats {
     pub times_lagged: u64,
     /// It closed (takes no more frames) and keeps frames it still holds.
     pub closed: bool,
+    /// The user it runs as.
+    pub uid: u32,
+    /// The name it gave when it connected (`name` of [`crate::client::ConnectOptions`]).
+    pub name: String,
+    /// Frames it took (of those sent; the rest were taken back or are still queued).
+    pub taken: u64,
+    /// Of `dropped`, frames never handed over because it held its whole budget.
+    pub skipped: u64,
+    /// How long ago it connected.
+    pub connected: Duration,
+    /// Its own latency histogram, publish to take (see [`crate::layout::latency_bucket`]).
+    pub latency: Vec<u32>,
+}
+
+impl ClientStats {
+    /// Half the frames it took reached it within this (ns), per its histogram.
+    pub fn latency_p50_ns(&self) -> Option<u64> {
+        crate::layout::latency_percentile(&self.latency, 50.0)
+    }
+    /// 99 % of the frames it took reached it within this (ns), per its histogram.
+    pub fn latency_p99_ns(&self) -> Option<u64> {
+        crate::layout::latency_percentile(&self.latency, 99.0)
+    }
+}
+
+/// Frames published per second, over windows of about a second.
+#[derive(Debug, Clone, Copy)]
+struct RateMeter {
+    since_ns: u64,
+    count: u64,
+    last: f64,
+}
+
+impl RateMeter {
+    const WINDOW_NS: u64 = 1_000_000_000;
+
+    fn tick(&mut self, now_ns: u64) {
+        self.count += 1;
+        let span = now_ns.saturating_sub(self.since_ns);
+        if span >= Self::WINDOW_NS {
+            self.last = self.count as f64 * 1e9 / span as f64;
+            self.count = 0;
+            self.since_ns = now_ns;
+        }
+    }
+
+    /// The last window's rate, or less if the stream slowed or stopped since.
+    fn rate(&self, now_ns: u64) -> f64 {
+        let span = now_ns.saturating_sub(self.since_ns);
+        if span >= 2 * Self::WINDOW_NS {
+            self.count as f64 * 1e9 / span as f64
+        } else {
+            self.last
+        }
+    }
 }
 
 /// Gives a parked slot owner back to whoever lends slots (a buffer pool), once no client
@@ -192,6 +248,10 @@ struct RingState<P> {
 struct Client {
     id: u32,
     pid: i32,
+    uid: u32,
+    /// The name it gave in Hello, cut to [`REPORT_MAX_NAME`] bytes.
+    name: String,
+    since: Instant,
     conn: Conn,
     ch: ClientChannel,
     /// Our end of its frame-ready doorbell, rung (outside our lock) after a delivery while
@@ -289,6 +349,10 @@ struct Inner<P> {
     release_waiters: usize,
     /// How many new connections may be accepted (connection thread only).
     admission: Admission,
+    started: Instant,
+    rate: RateMeter,
+    /// The last Report built, sent again to queries within [`REPORT_INTERVAL`].
+    report: Option<(Instant, Arc<StreamReport>)>,
 }
 
 /// How a server is set up, fixed at start.
@@ -556,6 +620,13 @@ impl<P: Send + 'static> Publisher<P> {
                 starved_since: None,
                 admission: Admission::new(),
                 release_waiters: 0,
+                started: Instant::now(),
+                rate: RateMeter {
+                    since_ns: crate::monotonic_ns(),
+                    count: 0,
+                    last: 0.0,
+                },
+                report: None,
             }),
             config,
             reserve: Mutex::new(std::fs::File::open("/dev/null").ok()),
@@ -627,10 +698,16 @@ impl<P: Send + 'static> Publisher<P> {
             .count()
     }
 
+    /// The stream's figures and each client's: what gpushmsink's `stats` property and
+    /// `gpushm top` (through [`Self::report`]) show.
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
         // Releases not taken yet would show as held.
         self.reclaim();
-        let inner = lock(&self.inner);
+        Self::stats_locked(&lock(&self.inner))
+    }
+
+    fn stats_locked(inner: &Inner<P>) -> (Stats, Vec<ClientStats>) {
+        let now = Instant::now();
         let clients = inner
             .clients
             .iter()
@@ -646,9 +723,104 @@ impl<P: Send + 'static> Publisher<P> {
                 lagging: c.lagging,
                 times_lagged: c.times_lagged,
                 closed: c.closed,
+                uid: c.uid,
+                name: c.name.clone(),
+                taken: c.ch.taken(),
+                skipped: c.ch.skipped(),
+                connected: now.saturating_duration_since(c.since),
+                latency: c.ch.latency_histogram(),
             })
             .collect();
         (inner.stats, clients)
+    }
+
+    /// The stream's figures as a Report: [`Self::stats`], plus caps, ring, rates and CPU.
+    pub fn report(&self) -> StreamReport {
+        self.reclaim();
+        self.report_locked(&lock(&self.inner))
+    }
+
+    fn report_locked(&self, inner: &Inner<P>) -> StreamReport {
+        let (s, clients) = Self::stats_locked(inner);
+        let (slot_count, slot_size, ring_size, device_ring) = inner
+            .rings
+            .last()
+            .map(|r| {
+                let g = r.ring.geometry();
+                (
+                    g.slot_count,
+                    g.slot_size,
+                    g.total_size,
+                    r.ring.device().is_some(),
+                )
+            })
+            .unwrap_or_default();
+        let cpu_ns = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+            .map(|u| {
+                let ns = |t: nix::sys::time::TimeVal| {
+                    (t.tv_sec().max(0) as u64) * 1_000_000_000 + (t.tv_usec().max(0) as u64) * 1000
+                };
+                ns(u.user_time()) + ns(u.system_time())
+            })
+            .unwrap_or(0);
+        StreamReport {
+            pid: std::process::id(),
+            uptime_ns: inner.started.elapsed().as_nanos() as u64,
+            cpu_ns,
+            frames_sent: s.frames_sent,
+            frames_copied: s.frames_copied,
+            frames_dropped: s.frames_dropped,
+            times_lagged: s.times_lagged,
+            fps: inner.rate.rate(crate::monotonic_ns()),
+            caps: inner.caps.as_ref().map(|c| c.1.clone()).unwrap_or_default(),
+            slot_count,
+            slot_size,
+            ring_size,
+            device_ring,
+            eos: inner.eos,
+            max_clients: self.config.max_clients.min(u32::MAX as usize) as u32,
+            clients: clients
+                .into_iter()
+                .map(|c| ClientReport {
+                    id: c.id,
+                    pid: c.pid,
+                    uid: c.uid,
+                    name: c.name,
+                    mode: c.mode.name().to_string(),
+                    lossless: c.lossless,
+                    lagging: c.lagging,
+                    closed: c.closed,
+                    sent: c.sent,
+                    taken: c.taken,
+                    dropped: c.dropped,
+                    skipped: c.skipped,
+                    copied: c.copied,
+                    times_lagged: c.times_lagged,
+                    held: c.held.min(u32::MAX as usize) as u32,
+                    connected_ns: c.connected.as_nanos() as u64,
+                    latency: c.latency,
+                })
+                .collect(),
+            clients_left_out: 0,
+        }
+    }
+
+    /// Answers a tool's Query with the last report if it is recent, otherwise a new one:
+    /// however many queries come, at most one report is built per [`REPORT_INTERVAL`].
+    fn answer_query(&self, inner: &mut Inner<P>, conn: Conn) {
+        let now = Instant::now();
+        let report = match &inner.report {
+            Some((at, r)) if now.saturating_duration_since(*at) < REPORT_INTERVAL => r.clone(),
+            _ => {
+                let r = Arc::new(self.report_locked(inner));
+                inner.report = Some((now, r.clone()));
+                r
+            }
+        };
+        // Never waits: a tool that does not read its socket loses its report, nobody else
+        // waits for it.
+        let _ = conn.send(&Message::Report(Box::new((*report).clone())), &[]);
+        self.reap(Box::new(conn));
     }
 
     pub fn count_copy(&self) {
@@ -1030,6 +1202,7 @@ impl<P: Send + 'static> Publisher<P> {
         meta.publish_ns = crate::monotonic_ns();
         inner.rings[ri].ring.publish(slot, seq, &meta);
         inner.stats.frames_sent += 1;
+        inner.rate.tick(meta.publish_ns);
         let entry = Entry {
             seq,
             ring_gen,
@@ -1829,6 +2002,17 @@ impl<P: Send + 'static> Publisher<P> {
             Ok(Some((Message::Hello { .. }, _))) => {
                 Err("the client sent more than Hello before its Welcome".to_string())
             }
+            Ok(Some((Message::Query { .. }, _)))
+                if inner.pending[i].conn.stray_fds() == 0
+                    && inner.pending[i].conn.buffered() == 0 =>
+            {
+                let p = inner.pending.swap_remove(i);
+                self.answer_query(inner, p.conn);
+                return;
+            }
+            Ok(Some((Message::Query { .. }, _))) => {
+                Err("the tool sent more than Query, or descriptors".to_string())
+            }
             Ok(Some((m, _))) => Err(format!("expected Hello, got {m:?}")),
             Err(e) => Err(e.to_string()),
         };
@@ -1882,6 +2066,9 @@ impl<P: Send + 'static> Publisher<P> {
             let c = Client {
                 id,
                 pid: p.pid,
+                uid: p.uid,
+                name: crate::wire::cut_str(&name, REPORT_MAX_NAME),
+                since: Instant::now(),
                 conn: p.conn,
                 ch,
                 ready,

@@ -20,7 +20,10 @@ pub struct WritableSlot {
     pub ptr: usize,
 }
 
-/// Publishes frames to any number of gpushmsrc / Subscriber consumers at `path`.
+/// Publishes frames to any number of gpushmsrc / Subscriber consumers at `path`, or as
+/// stream name `stream` (consumers then give the same name; the socket is made in
+/// $GPUSHM_RUNTIME_DIR if set, else in this user's directory, $XDG_RUNTIME_DIR/gpushm or
+/// /tmp/gpushm-UID). Give one of them.
 ///
 /// `format` is "GRAY8", "I420", "NV12" or "RGBA". `publish(array)` copies a uint8 NumPy array
 /// (the whole frame in GStreamer's layout, or just its visible bytes) into the next free slot;
@@ -119,19 +122,34 @@ impl Publisher {
 #[pymethods]
 impl Publisher {
     #[new]
-    #[pyo3(signature = (path, format, width, height, fps=30.0, slots=8, perms=0o600, cuda_device=None))]
+    #[pyo3(signature = (path=None, format=None, width=None, height=None, fps=30.0, slots=8, perms=0o600, cuda_device=None, stream=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
-        path: std::path::PathBuf,
-        format: &str,
-        width: u32,
-        height: u32,
+        path: Option<std::path::PathBuf>,
+        format: Option<&str>,
+        width: Option<u32>,
+        height: Option<u32>,
         fps: Option<f64>,
         slots: u32,
         perms: u32,
         cuda_device: Option<i32>,
+        stream: Option<String>,
     ) -> PyResult<Self> {
+        let path = match crate::errors::endpoint(path, stream)? {
+            gpushm::names::Endpoint::Path(p) => p,
+            gpushm::names::Endpoint::Stream(n) => {
+                gpushm::names::producer_path(&n).map_err(|e| match e {
+                    CoreError::Invalid(m) => PyValueError::new_err(m),
+                    e => to_py(e),
+                })?
+            }
+        };
+        let (Some(format), Some(width), Some(height)) = (format, width, height) else {
+            return Err(PyTypeError::new_err(
+                "Publisher() needs format, width and height",
+            ));
+        };
         let f = VideoFormat::from_name(format).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "format {format:?} is not one of GRAY8, I420, NV12, RGBA"

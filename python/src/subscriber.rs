@@ -13,7 +13,10 @@ use pyo3::types::PyTuple;
 use crate::errors::{secs, to_py, EndOfStream, Error, Timeout};
 use crate::frame::Frame;
 
-/// Receives frames from a gpushmsink (or a gpushm Publisher) at `path`.
+/// Receives frames from a gpushmsink (or a gpushm Publisher) at `path`, or from the one
+/// serving stream name `stream` (gpushmsink stream=NAME, `Publisher(stream=NAME)`): looked for
+/// in $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm or
+/// /tmp/gpushm-UID) and /run/gpushm. Give one of them.
 ///
 /// `mode` says whether the producer may skip frames this subscriber is too slow for:
 /// "lossless" makes it wait (up to its max-wait), "leaky" lets it skip, and "auto" (the
@@ -86,11 +89,11 @@ impl Subscriber {
 #[pymethods]
 impl Subscriber {
     #[new]
-    #[pyo3(signature = (path, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto", device_memory=false))]
+    #[pyo3(signature = (path=None, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto", device_memory=false, stream=None))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
-        path: std::path::PathBuf,
+        path: Option<std::path::PathBuf>,
         lossless: Option<bool>,
         timeout: Option<f64>,
         name: Option<String>,
@@ -98,7 +101,9 @@ impl Subscriber {
         cuda_device: i32,
         mode: &str,
         device_memory: bool,
+        stream: Option<String>,
     ) -> PyResult<Self> {
+        let endpoint = crate::errors::endpoint(path, stream)?;
         let timeout = secs(timeout)?;
         let mode = match lossless {
             Some(true) => Delivery::Lossless,
@@ -122,7 +127,7 @@ impl Subscriber {
         let waker = Waker::new().map_err(to_py)?;
         let w = waker.clone();
         let sub = py
-            .detach(move || CoreSubscriber::connect_with_waker(&path, &opts, &w))
+            .detach(move || CoreSubscriber::connect_to(&endpoint, &opts, &w))
             .map_err(to_py)?;
         let poll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| Error::new_err(format!("epoll_create: {e}")))?;

@@ -75,6 +75,7 @@ const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
 #[derive(Debug, Clone)]
 struct Settings {
     socket_path: Option<PathBuf>,
+    stream: Option<String>,
     wait_for_connection: bool,
     perms: u32,
     slots: u32,
@@ -92,6 +93,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             socket_path: None,
+            stream: None,
             wait_for_connection: DEFAULT_WAIT_FOR_CONNECTION,
             perms: DEFAULT_PERMS,
             slots: DEFAULT_SLOTS,
@@ -212,6 +214,18 @@ impl GpuShmSink {
                     .field("lagging", c.lagging)
                     .field("times-lagged", c.times_lagged)
                     .field("closed", c.closed)
+                    .field("uid", c.uid)
+                    .field("name", &c.name)
+                    .field("frames-taken", c.taken)
+                    .field("frames-skipped", c.skipped)
+                    .field(
+                        "latency-p50",
+                        c.latency_p50_ns().map_or(-1i64, |n| n as i64),
+                    )
+                    .field(
+                        "latency-p99",
+                        c.latency_p99_ns().map_or(-1i64, |n| n as i64),
+                    )
                     .build()
             })
             .collect();
@@ -823,7 +837,12 @@ impl ObjectImpl for GpuShmSink {
             vec![
                 glib::ParamSpecString::builder("socket-path")
                     .nick("Socket path")
-                    .blurb("Path of the unix socket consumers connect to (required). A stale socket file left by a dead producer is replaced; a live producer on the path is an error.")
+                    .blurb("Path of the unix socket consumers connect to (this or stream is required). A stale socket file left by a dead producer is replaced; a live producer on the path is an error.")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("stream")
+                    .nick("Stream name")
+                    .blurb("Name of the stream, instead of socket-path: consumers connect with gpushmsrc stream=NAME. The socket is made in $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm, or /tmp/gpushm-UID, created 0700); a service publishes to /run/gpushm by setting GPUSHM_RUNTIME_DIR=/run/gpushm. Letters, digits and . _ - @ + :, at most 64. `gpushm list` shows the streams")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecBoolean::builder("wait-for-connection")
@@ -907,7 +926,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, mode (leaky, lossless or auto, as the consumer asked), lossless (whether it is waited for: its mode applied to this stream), frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds)")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, mode (leaky, lossless or auto, as the consumer asked), lossless (whether it is waited for: its mode applied to this stream), frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds), uid, name (as the consumer gave it), frames-taken, frames-skipped (of frames-dropped, those never handed over because it held its whole budget), latency-p50 and latency-p99 (ns from publish to the consumer taking the frame, its own figures; -1 before its first frame). `gpushm top` shows the same figures from outside the pipeline")
                     .read_only()
                     .build(),
             ]
@@ -938,6 +957,7 @@ impl ObjectImpl for GpuShmSink {
                     .expect("type checked")
                     .map(PathBuf::from)
             }
+            "stream" => s.stream = value.get::<Option<String>>().expect("type checked"),
             "wait-for-connection" => s.wait_for_connection = value.get().expect("type checked"),
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
@@ -967,6 +987,7 @@ impl ObjectImpl for GpuShmSink {
                 .as_ref()
                 .map(|p| p.to_string_lossy().into_owned())
                 .to_value(),
+            "stream" => self.settings().stream.to_value(),
             "wait-for-connection" => self.settings().wait_for_connection.to_value(),
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
@@ -1042,11 +1063,22 @@ impl BaseSinkImpl for GpuShmSink {
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let s = self.settings().clone();
-        let Some(path) = s.socket_path else {
-            return Err(gst::error_msg!(
-                gst::ResourceError::NotFound,
-                ("socket-path is not set: give gpushmsink a socket-path=/some/path for consumers to connect to")
-            ));
+        let path = match (s.socket_path.clone(), s.stream.as_deref()) {
+            (Some(p), None) => p,
+            (None, Some(n)) => gpushm::names::producer_path(n)
+                .map_err(|e| gst::error_msg!(gst::ResourceError::OpenWrite, ("{}", e)))?,
+            (Some(_), Some(_)) => {
+                return Err(gst::error_msg!(
+                    gst::ResourceError::Settings,
+                    ("both socket-path and stream are set: set one of them")
+                ))
+            }
+            (None, None) => {
+                return Err(gst::error_msg!(
+                    gst::ResourceError::NotFound,
+                    ("neither socket-path nor stream is set: give gpushmsink a stream=NAME or a socket-path=/some/path for consumers to connect to")
+                ))
+            }
         };
         let weak = self.obj().downgrade();
         let on_event = Box::new(move |e: Event| {

@@ -43,6 +43,8 @@
  * ]|
  */
 use std::path::PathBuf;
+
+use gpushm::names::Endpoint;
 use std::str::FromStr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,6 +88,7 @@ const ANSWERED_LATENCY: u64 = 5_000_000;
 #[derive(Debug, Clone)]
 struct Settings {
     socket_path: Option<PathBuf>,
+    stream: Option<String>,
     timeout: u64,
     mode: DeliveryMode,
     cuda_device: i32,
@@ -102,6 +105,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             socket_path: None,
+            stream: None,
             timeout: DEFAULT_TIMEOUT,
             mode: DEFAULT_MODE,
             cuda_device: DEFAULT_CUDA_DEVICE,
@@ -646,7 +650,12 @@ impl ObjectImpl for GpuShmSrc {
             vec![
                 glib::ParamSpecString::builder("socket-path")
                     .nick("Socket path")
-                    .blurb("Path of the unix socket of the gpushmsink to receive from (required)")
+                    .blurb("Path of the unix socket of the gpushmsink to receive from (this or stream is required)")
+                    .mutable_ready()
+                    .build(),
+                glib::ParamSpecString::builder("stream")
+                    .nick("Stream name")
+                    .blurb("Name of the stream to receive, instead of socket-path: the gpushmsink with the same stream name, found in $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm, or /tmp/gpushm-UID) and then in /run/gpushm. Letters, digits and . _ - @ + :, at most 64. `gpushm list` shows the streams there")
                     .mutable_ready()
                     .build(),
                 glib::ParamSpecUInt64::builder("timeout")
@@ -751,6 +760,7 @@ impl ObjectImpl for GpuShmSrc {
                     .expect("type checked")
                     .map(PathBuf::from)
             }
+            "stream" => s.stream = value.get::<Option<String>>().expect("type checked"),
             "timeout" => s.timeout = value.get().expect("type checked"),
             "mode" => s.mode = value.get().expect("type checked"),
             "lossless" => {
@@ -780,6 +790,7 @@ impl ObjectImpl for GpuShmSrc {
                 .as_ref()
                 .map(|p| p.to_string_lossy().into_owned())
                 .to_value(),
+            "stream" => self.settings().stream.to_value(),
             "timeout" => self.settings().timeout.to_value(),
             "mode" => self.settings().mode.to_value(),
             "lossless" => (self.settings().mode == DeliveryMode::Lossless).to_value(),
@@ -885,11 +896,26 @@ impl ElementImpl for GpuShmSrc {
 impl BaseSrcImpl for GpuShmSrc {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let s = self.settings().clone();
-        let Some(path) = s.socket_path else {
-            return Err(gst::error_msg!(
-                gst::ResourceError::NotFound,
-                ("socket-path is not set: point gpushmsrc at the socket-path of a gpushmsink")
-            ));
+        let endpoint = match (s.socket_path.clone(), s.stream.clone()) {
+            (Some(p), None) => Endpoint::Path(p),
+            (None, Some(n)) => {
+                gpushm::names::check_name(&n).map_err(|e| {
+                    gst::error_msg!(gst::ResourceError::NotFound, ("{}", e))
+                })?;
+                Endpoint::Stream(n)
+            }
+            (Some(_), Some(_)) => {
+                return Err(gst::error_msg!(
+                    gst::ResourceError::Settings,
+                    ("both socket-path and stream are set: set one of them")
+                ))
+            }
+            (None, None) => {
+                return Err(gst::error_msg!(
+                    gst::ResourceError::NotFound,
+                    ("neither socket-path nor stream is set: point gpushmsrc at the socket-path or the stream name of a gpushmsink")
+                ))
+            }
         };
         // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
         // downstream asks (decide_allocation).
@@ -917,7 +943,7 @@ impl BaseSrcImpl for GpuShmSrc {
         let receiver = Receiver::start(
             &self.obj(),
             Config {
-                path,
+                endpoint,
                 opts,
                 reconnect: s.reconnect,
                 max_buffers: s.max_size_buffers,

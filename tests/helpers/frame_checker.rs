@@ -8,7 +8,7 @@
 //!
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
-//! Options: --socket PATH (required), --verify, --lossless, --frames N (stop after N),
+//! Options: --socket PATH or --stream NAME (required), --verify, --lossless, --frames N (stop after N),
 //! --expect N (fail unless exactly N frames arrived), --print (one line per frame, with the sum
 //! of every byte of each plane), --exact-pts (see above),
 //! --chain "ELEMENTS" (a pipeline fragment between gpushmsrc and the appsink, e.g. "queue
@@ -27,6 +27,7 @@ use gst::prelude::*;
 #[derive(Default)]
 struct Args {
     socket: String,
+    stream: String,
     verify: bool,
     lossless: bool,
     frames: Option<u64>,
@@ -56,6 +57,7 @@ fn parse() -> Result<Args, String> {
         let mut v = || it.next().ok_or(format!("{k} needs a value"));
         match k.as_str() {
             "--socket" => a.socket = v()?,
+            "--stream" => a.stream = v()?,
             "--frames" => a.frames = Some(v()?.parse().map_err(|e| format!("--frames: {e}"))?),
             "--expect" => a.expect = Some(v()?.parse().map_err(|e| format!("--expect: {e}"))?),
             "--verify" => a.verify = true,
@@ -86,8 +88,8 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    if a.socket.is_empty() {
-        return Err("--socket PATH is required".into());
+    if a.socket.is_empty() == a.stream.is_empty() {
+        return Err("one of --socket PATH and --stream NAME is required".into());
     }
     Ok(a)
 }
@@ -114,11 +116,15 @@ fn main() {
     gst::init().expect("gst::init");
     gstgpushm::plugin_register_static().expect("register gpushm");
     let src = gst::ElementFactory::make("gpushmsrc")
-        .property("socket-path", &a.socket)
         .property("lossless", a.lossless)
         .property("reconnect", !a.no_reconnect)
         .build()
         .expect("gpushmsrc");
+    if a.stream.is_empty() {
+        src.set_property("socket-path", &a.socket);
+    } else {
+        src.set_property("stream", &a.stream);
+    }
     for (k, v) in &a.src_props {
         src.set_property_from_str(k, v);
     }

@@ -6,7 +6,7 @@
 //!     cargo run --release --example pattern_producer -- --socket /tmp/pattern --frames 300
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
-//! Options: --socket PATH (required), --width 1920, --height 1080, --format NV12, --frames 300
+//! Options: --socket PATH or --stream NAME (required), --width 1920, --height 1080, --format NV12, --frames 300
 //! (0 = until killed),
 //! --fps 30 (0 = as fast as the consumers take them), --copy (buffers from elsewhere, forcing
 //! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8,
@@ -21,6 +21,7 @@ use gst::prelude::*;
 
 struct Args {
     socket: String,
+    stream: String,
     width: u32,
     height: u32,
     format: String,
@@ -36,6 +37,7 @@ struct Args {
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         socket: String::new(),
+        stream: String::new(),
         width: 1920,
         height: 1080,
         format: "NV12".into(),
@@ -52,6 +54,7 @@ fn parse() -> Result<Args, String> {
         let mut v = || it.next().ok_or(format!("{k} needs a value"));
         match k.as_str() {
             "--socket" => a.socket = v()?,
+            "--stream" => a.stream = v()?,
             "--width" => a.width = v()?.parse().map_err(|e| format!("--width: {e}"))?,
             "--height" => a.height = v()?.parse().map_err(|e| format!("--height: {e}"))?,
             "--format" => a.format = v()?,
@@ -65,8 +68,8 @@ fn parse() -> Result<Args, String> {
             _ => return Err(format!("unknown option {k}")),
         }
     }
-    if a.socket.is_empty() {
-        return Err("--socket PATH is required".into());
+    if a.socket.is_empty() == a.stream.is_empty() {
+        return Err("one of --socket PATH and --stream NAME is required".into());
     }
     Ok(a)
 }
@@ -89,11 +92,15 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .is_live(a.fps > 0)
         .build();
     let sink = gst::ElementFactory::make("gpushmsink")
-        .property("socket-path", &a.socket)
         .property("wait-for-connection", a.wait)
         .property("slots", a.slots)
         .property("sync", a.fps > 0)
         .build()?;
+    if a.stream.is_empty() {
+        sink.set_property("socket-path", &a.socket);
+    } else {
+        sink.set_property("stream", &a.stream);
+    }
     let pipeline = gst::Pipeline::new();
     pipeline.add_many([appsrc.upcast_ref(), &sink])?;
     appsrc.link(&sink)?;

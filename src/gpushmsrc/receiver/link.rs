@@ -107,7 +107,7 @@ impl Worker {
                 (
                     "{}; waiting for a producer on {} (reconnect=true)",
                     why,
-                    self.cfg.path.display()
+                    self.cfg.endpoint
                 )
             );
         }
@@ -125,7 +125,7 @@ impl Worker {
         if self.connected_once {
             opts.timeout = Duration::MAX;
         }
-        match Subscriber::connect_with_waker(&self.cfg.path, &opts, &self.stop) {
+        match Subscriber::connect_to(&self.cfg.endpoint, &opts, &self.stop) {
             Ok(conn) => {
                 gst::info!(
                     CAT,
@@ -135,7 +135,7 @@ impl Worker {
                     } else {
                         "connected to"
                     },
-                    self.cfg.path.display(),
+                    self.cfg.endpoint,
                     conn.client_id()
                 );
                 if self.connected_once {
@@ -162,7 +162,7 @@ impl Worker {
                         gst::ResourceError::OpenRead,
                         (
                             "Could not connect to a gpushmsink at {}: {}",
-                            self.cfg.path.display(),
+                            self.cfg.endpoint,
                             e
                         )
                     )

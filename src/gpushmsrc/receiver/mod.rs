@@ -21,7 +21,6 @@
 
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -74,7 +73,7 @@ impl Drop for NotifyOnRelease {
 /// What the receiver needs to know, fixed at start().
 #[derive(Clone)]
 pub(super) struct Config {
-    pub path: PathBuf,
+    pub endpoint: gpushm::names::Endpoint,
     pub opts: ConnectOptions,
     pub reconnect: bool,
     pub max_buffers: u32,
