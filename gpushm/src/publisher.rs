@@ -812,6 +812,11 @@ impl<P: Send + 'static> Publisher<P> {
         let report = match &inner.report {
             Some((at, r)) if now.saturating_duration_since(*at) < REPORT_INTERVAL => r.clone(),
             _ => {
+                // What each client took up to now (a client that broke its queue is dealt
+                // with where frames are delivered; here it only shows its last good count).
+                for c in inner.clients.iter_mut() {
+                    let _ = c.ch.sync_taken();
+                }
                 let r = Arc::new(self.report_locked(inner));
                 inner.report = Some((now, r.clone()));
                 r
