@@ -1387,3 +1387,138 @@ fn a_connection_flood_costs_the_producer_a_bounded_share_and_its_consumers_nothi
         share * 100.0
     );
 }
+
+/// Issue 30: the read-only stats request (`gpushm list/top/inspect`) abused every way a tool
+/// could: floods of queries from two threads (one reading its reports, one not), queries
+/// announcing a payload beyond the limit, malformed ones (trailing bytes, descriptors sent
+/// along), and 80 slowloris connections that send half a header and hold on. The producer's
+/// consumer keeps every frame at full rate, the producer spends a bounded share of a core,
+/// and an honest query made during the attack is answered within a second with figures that
+/// name the victim.
+#[test]
+fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::Arc;
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("stats-attack.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let stop = Arc::new(AtomicBool::new(false));
+    let reports = Arc::new(AtomicU64::new(0));
+    let query_bytes = Message::Query { flags: 0 }.encode();
+    let mut attackers = Vec::new();
+    for reader in [true, false] {
+        let (stop, reports, sock, q) = (
+            stop.clone(),
+            reports.clone(),
+            sock.clone(),
+            query_bytes.clone(),
+        );
+        attackers.push(std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                let Ok(mut s) = UnixStream::connect(&sock) else {
+                    continue;
+                };
+                let _ = s.write_all(&q);
+                if reader {
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+                    let mut c = Conn::new(s);
+                    if let Ok(Some((Message::Report(_), _))) =
+                        c.recv_timeout(Duration::from_millis(500), None)
+                    {
+                        reports.fetch_add(1, Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    {
+        // Malformed, oversized and fd-carrying queries, in a loop.
+        let (stop, sock, q) = (stop.clone(), sock.clone(), query_bytes.clone());
+        attackers.push(std::thread::spawn(move || {
+            while !stop.load(Relaxed) {
+                let mut huge = q.clone();
+                huge[8..12].copy_from_slice(&(1u32 << 30).to_le_bytes());
+                let mut trailing = q.clone();
+                trailing[8..12].copy_from_slice(&8u32.to_le_bytes());
+                trailing.extend_from_slice(&[0xff; 4]);
+                for bytes in [huge, trailing] {
+                    if let Ok(mut s) = UnixStream::connect(&sock) {
+                        let _ = s.write_all(&bytes);
+                    }
+                }
+                if let Ok(s) = UnixStream::connect(&sock) {
+                    let f = std::fs::File::open("/dev/null").unwrap();
+                    let _ = nix::sys::socket::sendmsg::<()>(
+                        s.as_raw_fd(),
+                        &[std::io::IoSlice::new(&q)],
+                        &[nix::sys::socket::ControlMessage::ScmRights(
+                            &[f.as_raw_fd()],
+                        )],
+                        nix::sys::socket::MsgFlags::empty(),
+                        None,
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }));
+    }
+    // Slowloris: half a header each, held open (and reopened when dropped).
+    let slow: Vec<UnixStream> = (0..80)
+        .filter_map(|_| {
+            let mut s = UnixStream::connect(&sock).ok()?;
+            s.write_all(&query_bytes[..7]).ok()?;
+            Some(s)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let (from, cpu0) = (now(), cpu_time(p.child.id()));
+    std::thread::sleep(Duration::from_millis(1500));
+    let asked = Instant::now();
+    let honest = gpushm::client::query(
+        &gpushm::names::Endpoint::Path(sock.clone()),
+        Duration::from_secs(1),
+    );
+    let took = asked.elapsed();
+    let late = connect_and_take(&sock);
+    std::thread::sleep(Duration::from_millis(1500));
+    let (to, cpu1) = (now(), cpu_time(p.child.id()));
+    stop.store(true, Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    drop(slow);
+    let share = (cpu1 - cpu0).as_secs_f64() / ((to - from) as f64 / 1e9);
+    eprintln!(
+        "{} reports read by the flood; producer at {:.0} % of a core; honest query in {took:?}",
+        reports.load(Relaxed),
+        share * 100.0
+    );
+    let vpid = v.child.id() as i32;
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+    let honest = honest.expect("an honest query during the attack");
+    assert!(
+        took < Duration::from_secs(1),
+        "the honest query took {took:?}"
+    );
+    assert!(
+        honest
+            .report
+            .clients
+            .iter()
+            .any(|c| c.pid == vpid && c.lossless && c.taken > 30),
+        "the report names the victim: {:?}",
+        honest.report.clients
+    );
+    assert!(reports.load(Relaxed) > 0, "the flood's queries got reports");
+    late.expect("a consumer connecting during the attack");
+    assert!(
+        share < 0.4,
+        "the attack took {:.0} % of a core of the producer",
+        share * 100.0
+    );
+}

@@ -83,7 +83,9 @@ static gpushm_subscriber *open_sub(const char *sock, int mode)
     o.connect_timeout_ns = 20000000000ll;
     o.name = "capi_test";
     gpushm_subscriber *s = NULL;
-    gpushm_status st = gpushm_subscriber_open(sock, &o, &s);
+    /* "stream:NAME" names a stream instead of a socket path. */
+    gpushm_status st = strncmp(sock, "stream:", 7) ? gpushm_subscriber_open(sock, &o, &s)
+                                                   : gpushm_subscriber_open_stream(sock + 7, &o, &s);
     CHECK(st == GPUSHM_OK && s, "open %s: %d", sock, st);
     return s;
 }
@@ -97,7 +99,8 @@ static int produce(const char *sock, int n, int eos)
     o.height = H;
     o.slots = 4;
     gpushm_publisher *p = NULL;
-    if (gpushm_publisher_open(sock, &o, &p) != GPUSHM_OK) {
+    if ((strncmp(sock, "stream:", 7) ? gpushm_publisher_open(sock, &o, &p)
+                                     : gpushm_publisher_open_stream(sock + 7, &o, &p)) != GPUSHM_OK) {
         printf("FAIL publisher_open: %s\n", gpushm_last_error());
         return 1;
     }
@@ -299,6 +302,10 @@ static int misuse(const char *sock)
     gpushm_subscriber *s = NULL;
     /* NULLs. */
     CHECK(gpushm_subscriber_open(NULL, NULL, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL path");
+    CHECK(gpushm_subscriber_open_stream("a/b", NULL, &s) == GPUSHM_ERROR_INVALID_ARGUMENT &&
+              strstr(gpushm_last_error(), "stream name"),
+          "a stream name with a slash: %s", gpushm_last_error());
+    CHECK(gpushm_subscriber_open_stream(NULL, NULL, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL name");
     CHECK(gpushm_subscriber_open(sock, NULL, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL out");
     CHECK(gpushm_subscriber_options_init(NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL opts");
     CHECK(gpushm_subscriber_next_frame(NULL, 0, &f) == GPUSHM_ERROR_BAD_HANDLE, "NULL sub");

@@ -87,6 +87,24 @@ wait "${pids[-1]}" || fail "the C producer failed: $(cat "$work/producer.log")"
 cmp "$work/got.raw" "$work/want.raw" || fail "gpushmsrc got other bytes than the C producer published"
 say "C producer -> gpushmsrc: 30 frames equal"
 
+# 2b. Stream names: the C producer as stream c-cam read by gpushmsrc stream=c-cam, and a
+# gst-launch producer as stream gl-cam read by the C consumer (both in GPUSHM_RUNTIME_DIR).
+export GPUSHM_RUNTIME_DIR=$work/run; mkdir -p "$GPUSHM_RUNTIME_DIR"
+c_producer stream:c-cam 30 eos
+[ -S "$GPUSHM_RUNTIME_DIR/c-cam" ] || fail "gpushm_publisher_open_stream made no socket c-cam"
+gst-launch-1.0 -q gpushmsrc stream=c-cam mode=lossless ! filesink location="$work/got.raw"
+wait "${pids[-1]}" || fail "the C producer (stream) failed: $(cat "$work/producer.log")"
+cmp "$work/got.raw" "$work/want.raw" || fail "gpushmsrc stream=c-cam got other bytes than the C producer published"
+caps=video/x-raw,format=NV12,width=320,height=240
+gst-launch-1.0 -q videotestsrc num-buffers=20 pattern=ball ! "$caps,framerate=30/1" ! gpushmsink stream=gl-cam wait-for-connection=true sync=false &
+pids+=($!)
+"$work/capi_test" consume stream:gl-cam 20 "$work/got.raw" | tee "$work/out.log"
+grep -q "^OK consume 20" "$work/out.log" || fail "consume stream:gl-cam"
+gst-launch-1.0 -q videotestsrc num-buffers=20 pattern=ball ! "$caps,framerate=30/1" ! filesink location="$work/want2.raw"
+cmp "$work/got.raw" "$work/want2.raw" || fail "stream gl-cam: the C consumer's frames differ from videotestsrc's"
+unset GPUSHM_RUNTIME_DIR
+say "stream names: C producer -> gpushmsrc, gpushmsink -> C consumer, frames equal"
+
 # 3. Timeouts and interrupts: the producer publishes 3 frames, then nothing.
 sock=$work/hold.sock; rm -f "$sock"
 c_producer "$sock" 3 hold

@@ -270,3 +270,47 @@ def test_a_publisher_in_gpu_memory_without_a_gpu_says_why(tmp_path):
     assert out.stdout.startswith("ERROR cuda_device=0:"), out.stdout
     assert "CUDA" in out.stdout, out.stdout
     assert not os.path.exists(path)
+
+
+def test_stream_names_meet_between_a_gst_launch_producer_and_a_python_subscriber(launch, tmp_path, monkeypatch):
+    # Names resolve in GPUSHM_RUNTIME_DIR, which both sides get; a gst-launch producer, a
+    # Python subscriber, then a Python publisher read by gpushmsrc stream=NAME.
+    monkeypatch.setenv("GPUSHM_RUNTIME_DIR", str(tmp_path))
+    p = launch(
+        "videotestsrc num-buffers=10 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 "
+        "! tee name=t ! queue ! gpushmsink stream=py-cam wait-for-connection=true sync=false t. ! queue ! checksumsink"
+    )
+    wait_for(str(tmp_path / "py-cam"))
+    with gpushm.Subscriber(stream="py-cam", lossless=True) as sub:
+        got = [hashlib.sha1(bytes(f)).hexdigest() for f in sub]
+    assert got == checksums(p.finish()) and len(got) == 10
+
+    with gpushm.Publisher(stream="py-out", format="GRAY8", width=64, height=48) as pub:
+        assert os.path.exists(tmp_path / "py-out")
+        c = launch("gpushmsrc stream=py-out lossless=true num-buffers=3 ! checksumsink")
+        deadline = time.monotonic() + 10
+        while pub.num_clients == 0:
+            assert time.monotonic() < deadline, "gpushmsrc stream=py-out never connected"
+            time.sleep(0.01)
+        sent = []
+        for i in range(3):
+            data = np.full((48, 64), i + 1, dtype=np.uint8)
+            pub.publish(data)
+            sent.append(hashlib.sha1(data.tobytes()).hexdigest())
+        assert checksums(c.finish()) == sent
+
+
+def test_stream_names_are_checked_and_path_or_stream_is_required(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSHM_RUNTIME_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match="stream name .* is not valid"):
+        gpushm.Subscriber(stream="../etc")
+    with pytest.raises(ValueError, match="stream name"):
+        gpushm.Publisher(stream="a b", format="GRAY8", width=64, height=48)
+    with pytest.raises(ValueError, match="both path and stream"):
+        gpushm.Subscriber(str(tmp_path / "x"), stream="x")
+    with pytest.raises(TypeError, match="stream"):
+        gpushm.Subscriber()
+    with pytest.raises(TypeError, match="format, width and height"):
+        gpushm.Publisher(stream="ok")
+    with pytest.raises(gpushm.Timeout, match="stream \"absent\""):
+        gpushm.Subscriber(stream="absent", timeout=0.2)
