@@ -33,6 +33,12 @@ py=/usr/bin/python3; [ -x "$py" ] || py=python3
 # make test builds the Python package in a venv.
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || pkgs+=(python3-venv)
 gst-inspect-1.0 checksumsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
+# Re-exporting over the network (tests/network.rs): srtsink/srtsrc (plugins-bad), rtspsrc
+# (plugins-good) and the rtsp_server example, built against gst-rtsp-server.
+gst-inspect-1.0 srtsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
+pkg-config --exists gstreamer-rtsp-server-1.0 2>/dev/null || pkgs+=(libgstrtspserver-1.0-dev)
+# The namespace test runs unshare (util-linux).
+command -v unshare >/dev/null 2>&1 || pkgs+=(util-linux)
 # The C API: cbindgen writes gpushm.h (CI checks the committed one is current); its tests and
 # examples are built with the system's C and C++ compilers, the C++ one against OpenCV.
 command -v cbindgen >/dev/null 2>&1 || pkgs+=(cbindgen)
