@@ -63,7 +63,7 @@ fn as_root_producer_and_consumer_in_separate_namespaces_share_only_the_socket_di
         "--stream", "cam", "--format", "I420", "--width", "320", "--height", "240",
     ])
     .args(["--frames", "30", "--fps", "30", "--wait"]);
-    let mut producer = Proc::spawn(contained(shared.path(), &p), "contained producer");
+    let producer = Proc::spawn(contained(shared.path(), &p), "contained producer");
     wait_for_path(&shared.path().join("cam"), Duration::from_secs(10));
     let mut c = example("frame_checker");
     c.args([

@@ -1595,7 +1595,7 @@ fn readme_property_tables_match_the_elements() {
             return Some(n.to_string());
         }
         match v.get::<Option<String>>() {
-            Ok(None) => Some("(required)".into()),
+            Ok(None) => Some("(none)".into()),
             Ok(Some(s)) => Some(s),
             Err(_) => None,
         }

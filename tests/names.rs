@@ -87,7 +87,7 @@ fn passed(c: Proc) -> Vec<String> {
 fn a_stream_name_meets_its_producer_in_the_users_runtime_directory() {
     let run = tmpdir();
     let env = [("XDG_RUNTIME_DIR", run.path())];
-    let mut p = Proc::spawn(producer("front-cam", 64, &env), "producer");
+    let p = Proc::spawn(producer("front-cam", 64, &env), "producer");
     let sock = run.path().join("gpushm").join("front-cam");
     wait_for_path(&sock, Duration::from_secs(10));
     let dir = std::fs::metadata(run.path().join("gpushm")).unwrap();
@@ -108,7 +108,7 @@ fn a_stream_name_meets_its_producer_in_the_users_runtime_directory() {
 fn without_a_runtime_directory_streams_go_to_tmp_gpushm_uid() {
     let name = format!("names-test-{}", std::process::id());
     let dir = Path::new("/tmp").join(format!("gpushm-{}", nix::unistd::geteuid().as_raw()));
-    let mut p = Proc::spawn(producer(&name, 32, &[]), "producer");
+    let p = Proc::spawn(producer(&name, 32, &[]), "producer");
     wait_for_path(&dir.join(&name), Duration::from_secs(10));
     let meta = std::fs::symlink_metadata(&dir).unwrap();
     assert!(meta.is_dir());
@@ -121,7 +121,7 @@ fn without_a_runtime_directory_streams_go_to_tmp_gpushm_uid() {
 fn gpushm_runtime_dir_is_the_one_place_when_set() {
     let shared = tmpdir();
     let env = [("GPUSHM_RUNTIME_DIR", shared.path())];
-    let mut p = Proc::spawn(producer("cam", 48, &env), "producer");
+    let p = Proc::spawn(producer("cam", 48, &env), "producer");
     wait_for_path(&shared.path().join("cam"), Duration::from_secs(10));
     let out = passed(Proc::spawn(consumer("cam", &env), "consumer"));
     assert!(
@@ -149,7 +149,7 @@ fn as_root_a_waiting_consumer_finds_a_service_in_the_system_directory() {
     c.args(["--src-props", "timeout=20000000000"]);
     let c = Proc::spawn(c, "consumer");
     std::thread::sleep(Duration::from_millis(500));
-    let mut p = Proc::spawn(
+    let p = Proc::spawn(
         producer(&name, 40, &[("GPUSHM_RUNTIME_DIR", system)]),
         "service",
     );
@@ -171,10 +171,10 @@ fn second_user_streams_of_the_same_name_do_not_meet() {
     let home = tmpdir();
     std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
     // Root's stream is 64 wide, nobody's 32: each consumer must get its own user's.
-    let mut mine = Proc::spawn(producer(&name, 64, &[]), "root's producer");
+    let mine = Proc::spawn(producer(&name, 64, &[]), "root's producer");
     let mut theirs = producer(&name, 32, &[]);
     as_nobody(&mut theirs, home.path());
-    let mut theirs = Proc::spawn(theirs, "nobody's producer");
+    let theirs = Proc::spawn(theirs, "nobody's producer");
     wait_for_path(
         &Path::new("/tmp/gpushm-65534").join(&name),
         Duration::from_secs(10),

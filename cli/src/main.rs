@@ -296,8 +296,8 @@ fn list(json_out: bool, paths: &[PathBuf]) -> Result<(), String> {
         return Ok(());
     }
     println!(
-        "{:<20} {:>7} {:>7} {:>5} {:>10}  {}",
-        "NAME", "CLIENTS", "FPS", "SLOTS", "RING", "CAPS"
+        "{:<20} {:>7} {:>7} {:>5} {:>10}  CAPS",
+        "NAME", "CLIENTS", "FPS", "SLOTS", "RING"
     );
     for p in &probes {
         match &p.answer {
