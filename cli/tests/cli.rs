@@ -106,6 +106,10 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
     let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
     let camera =
         Arc::new(FramePublisher::new(&path, layout, (100, 1), 8, Config::default()).unwrap());
+    // Both consumers connect before the first frame: every frame counts for them.
+    let fast = Counter::start(&path, "fast", Delivery::Lossless, Duration::ZERO);
+    // Holds each frame 60 ms at 100 fps: it keeps up with about a sixth and drops the rest.
+    let slow = Counter::start(&path, "slow", Delivery::Leaky, Duration::from_millis(60));
     let publishing = Arc::new(AtomicBool::new(true));
     let producer = {
         let (camera, publishing) = (camera.clone(), publishing.clone());
@@ -122,9 +126,6 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
             }
         })
     };
-    let fast = Counter::start(&path, "fast", Delivery::Lossless, Duration::ZERO);
-    // Holds each frame 60 ms at 100 fps: it keeps up with about a sixth and drops the rest.
-    let slow = Counter::start(&path, "slow", Delivery::Leaky, Duration::from_millis(60));
     // A socket nobody listens on: a producer that was killed.
     drop(std::os::unix::net::UnixListener::bind(dir.path().join("dead")).unwrap());
     std::thread::sleep(Duration::from_millis(1500));

@@ -167,11 +167,18 @@ pub fn producer_path(name: &str) -> Result<PathBuf> {
 
 /// The socket a consumer of stream `name` connects to now: the first of [`search_dirs`] that
 /// holds an entry of that name, else the place its producer would make it.
+/// A directory that cannot be trusted is an error where it is the first one (where our own
+/// producers go); a later one (the system's) is passed over.
 pub fn consumer_path(name: &str) -> Result<PathBuf> {
     check_name(name)?;
     let dirs = search_dirs();
-    for dir in &dirs {
-        if check_dir(dir)? && std::fs::symlink_metadata(dir.join(name)).is_ok() {
+    for (i, dir) in dirs.iter().enumerate() {
+        let usable = match check_dir(dir) {
+            Ok(exists) => exists,
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => false,
+        };
+        if usable && std::fs::symlink_metadata(dir.join(name)).is_ok() {
             return Ok(dir.join(name));
         }
     }
@@ -222,12 +229,15 @@ pub struct Found {
 /// Every socket in the directories consumers look in (the user's own, then the system's),
 /// in that order, each name once (as a consumer would find it). Hidden entries (a producer's
 /// private directory while it binds) are skipped; a directory that cannot be trusted is an
-/// error.
+/// error where it is the first one, and passed over otherwise (as [`consumer_path`] does).
 pub fn list() -> Result<Vec<Found>> {
     let mut out: Vec<Found> = Vec::new();
-    for dir in search_dirs() {
-        if !check_dir(&dir)? {
-            continue;
+    for (i, dir) in search_dirs().into_iter().enumerate() {
+        match check_dir(&dir) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) if i == 0 => return Err(e),
+            Err(_) => continue,
         }
         for f in list_dir(&dir)? {
             if !out.iter().any(|o| o.name == f.name) {
