@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Producer and consumer in separate containers: each runs in its own PID, IPC, mount and
-//! network namespaces (unshare(1)), with a /dev/shm and a /tmp of its own, and the two share
-//! only the directory that holds the stream's socket (bind-mounted at /mnt in both). The ring
-//! travels as a descriptor over the socket, so no --ipc=host and no shared /dev/shm are
-//! needed. Needs root (unshare); skip with --skip as_root.
+//! network namespaces (unshare(1)), with a /dev/shm of its own, and they find each other only
+//! through the directory that holds the stream's socket (bind-mounted at /mnt in both,
+//! GPUSHM_RUNTIME_DIR=/mnt). The ring travels as a descriptor over the socket, so no
+//! --ipc=host and no shared /dev/shm are needed. (The rest of the file system stays visible:
+//! the test's own binaries may live anywhere, /tmp included, as they do in CI.) Needs root
+//! (unshare); skip with --skip as_root.
 
 mod common;
 
@@ -13,7 +15,8 @@ use std::time::Duration;
 
 use common::*;
 
-/// `cmd` run inside new namespaces, with `shared` at /mnt and GPUSHM_RUNTIME_DIR=/mnt.
+/// `cmd` run inside new namespaces and a /dev/shm of its own, with `shared` at /mnt and
+/// GPUSHM_RUNTIME_DIR=/mnt.
 fn contained(shared: &Path, cmd: &Command) -> Command {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -27,7 +30,7 @@ fn contained(shared: &Path, cmd: &Command) -> Command {
         .collect();
     let script = format!(
         "set -e; mount --make-rprivate /; mount -t tmpfs none /dev/shm; \
-         mount --bind '{}' /mnt; mount -t tmpfs none /tmp; \
+         mount --bind '{}' /mnt; \
          echo NS pid=$$ ipc=$(readlink /proc/self/ns/ipc) net=$(readlink /proc/self/ns/net) shm=$(ls -A /dev/shm | wc -l); \
          export GPUSHM_RUNTIME_DIR=/mnt; exec {}",
         shared.display(),

@@ -8,7 +8,9 @@
 //! machine too). `corpus_matches_the_protocol` fails when the protocol changed and the corpus
 //! did not; rewrite it with `GPUSHM_WRITE_CORPUS=1 cargo test --test fuzz corpus_matches`.
 
-use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, MAX_PAYLOAD};
+use gstgpushm::ring::wire::{
+    ClientReport, Conn, Message, StreamReport, FLAG_LOSSLESS, MAX_PAYLOAD,
+};
 use proptest::prelude::*;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -33,6 +35,8 @@ const CORPUS: &[(&str, &[u8])] = corpus_files!(
     "bad-string-past-end",
     "bad-trailing-bytes",
     "bad-version",
+    "bad-report-bucket",
+    "bad-report-clients",
     "bad-zeros",
     "ok-caps",
     "ok-close",
@@ -40,6 +44,8 @@ const CORPUS: &[(&str, &[u8])] = corpus_files!(
     "ok-eos",
     "ok-error",
     "ok-hello",
+    "ok-query",
+    "ok-report",
     "ok-ring",
     "ok-welcome",
 );
@@ -171,6 +177,68 @@ fn generate_corpus() -> Vec<(String, Vec<u8>)> {
         .iter()
         .map(|(n, m)| (n.to_string(), m.encode()))
         .collect();
+    // The stats request and its answer (two clients, one with a latency histogram).
+    files.push(("ok-query".into(), Message::Query { flags: 0 }.encode()));
+    let mut latency = vec![0u32; gstgpushm::ring::layout::LATENCY_BUCKETS];
+    latency[20] = 98;
+    latency[40] = 2;
+    let client = ClientReport {
+        id: 1,
+        pid: 4242,
+        uid: 1000,
+        name: "gpushmsrc0".into(),
+        mode: "auto".into(),
+        sent: 300,
+        taken: 299,
+        held: 1,
+        latency,
+        ..Default::default()
+    };
+    let report = StreamReport {
+        pid: 77,
+        frames_sent: 300,
+        fps: 30.0,
+        caps: "video/x-raw, format=(string)NV12, width=(int)1920, height=(int)1080".into(),
+        slot_count: 8,
+        slot_size: 3112960,
+        ring_size: 24907776,
+        max_clients: 64,
+        clients: vec![
+            client.clone(),
+            ClientReport {
+                id: 2,
+                latency: vec![0; 96],
+                ..client
+            },
+        ],
+        ..Default::default()
+    };
+    files.push((
+        "ok-report".into(),
+        Message::Report(Box::new(report.clone())).encode(),
+    ));
+    // A report that claims more clients than fit, and a histogram bucket out of range.
+    let mut claims = Message::Report(Box::new(StreamReport {
+        clients: vec![],
+        ..report.clone()
+    }))
+    .encode();
+    let n = claims.len();
+    claims[n - 4..].copy_from_slice(&100_000u32.to_le_bytes());
+    files.push(("bad-report-clients".into(), claims));
+    let mut one = vec![0u32; 96];
+    one[5] = 1;
+    let mut bucket = Message::Report(Box::new(StreamReport {
+        clients: vec![ClientReport {
+            latency: one,
+            ..Default::default()
+        }],
+        ..report
+    }))
+    .encode();
+    let n = bucket.len();
+    bucket[n - 5] = 200;
+    files.push(("bad-report-bucket".into(), bucket));
     let hello = Message::Hello {
         flags: 0,
         pid: 1,

@@ -35,6 +35,8 @@ from ._gpushm import (
     Subscriber,
     Timeout,
     cuda_registrations,
+    inspect,
+    streams,
 )
 
 __all__ = [
@@ -49,4 +51,6 @@ __all__ = [
     "Subscriber",
     "Timeout",
     "cuda_registrations",
+    "inspect",
+    "streams",
 ]

@@ -8,7 +8,7 @@
 //! needs no NumPy headers and works with the stable ABI (abi3, CPython ≥ 3.9).
 //!
 //! One module per class: `subscriber` (Subscriber), `frame` (Frame), `view` (FrameView),
-//! `publisher` (Publisher, Slot); `errors` (exception classes), `dlpack` and `cuda` (export
+//! `publisher` (Publisher, Slot); `streams` (streams(), inspect()); `errors` (exception classes), `dlpack` and `cuda` (export
 //! and ring registration).
 
 use pyo3::prelude::*;
@@ -18,6 +18,7 @@ mod dlpack;
 mod errors;
 mod frame;
 mod publisher;
+mod streams;
 mod subscriber;
 mod view;
 
@@ -38,6 +39,8 @@ fn _gpushm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<publisher::Publisher>()?;
     m.add_class::<publisher::Slot>()?;
     m.add_function(wrap_pyfunction!(cuda_registrations, m)?)?;
+    m.add_function(wrap_pyfunction!(streams::streams, m)?)?;
+    m.add_function(wrap_pyfunction!(streams::inspect, m)?)?;
     m.add("Error", py.get_type::<Error>())?;
     m.add("ProducerLost", py.get_type::<ProducerLost>())?;
     m.add("EndOfStream", py.get_type::<EndOfStream>())?;

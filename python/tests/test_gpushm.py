@@ -314,3 +314,30 @@ def test_stream_names_are_checked_and_path_or_stream_is_required(tmp_path, monke
         gpushm.Publisher(stream="ok")
     with pytest.raises(gpushm.Timeout, match="stream \"absent\""):
         gpushm.Subscriber(stream="absent", timeout=0.2)
+
+
+def test_streams_and_python_m_gpushm_list_what_is_published(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPUSHM_RUNTIME_DIR", str(tmp_path))
+    assert gpushm.streams() == []
+    with gpushm.Publisher(stream="listed", format="GRAY8", width=64, height=48, slots=4) as pub, \
+            gpushm.Subscriber(stream="listed", name="reader", lossless=True) as sub:
+        for i in range(5):
+            pub.publish(np.full((48, 64), i, dtype=np.uint8))
+            with sub.next_frame(timeout=5) as f:
+                assert f.numpy()[0, 0] == i
+        time.sleep(0.15)  # a producer answers with the same report for 100 ms
+        (s,) = gpushm.streams()
+        assert s["name"] == "listed" and s["state"] == "live" and s["clients"] == 1
+        assert "GRAY8" in s["caps"] and s["slots"] == 4 and s["frames_sent"] == 5
+        (c,) = s["client_list"]
+        assert c["name"] == "reader" and c["delivered"] == 5 and c["dropped"] == 0
+        assert c["latency_p50_us"] > 0
+        assert gpushm.inspect("listed")["frames_sent"] == 5
+        out = subprocess.run([sys.executable, "-m", "gpushm", "list", "--json"], capture_output=True, text=True, check=True)
+        import json
+        (j,) = json.loads(out.stdout)
+        assert j["name"] == "listed" and j["clients"] == 1
+        out = subprocess.run([sys.executable, "-m", "gpushm", "inspect", "listed"], capture_output=True, text=True, check=True)
+        assert "'reader'" in out.stdout and "4 slots" in out.stdout
+    with pytest.raises(gpushm.Error):
+        gpushm.inspect("listed")
