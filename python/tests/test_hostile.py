@@ -15,7 +15,7 @@ import numpy as np
 
 import gpushm
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 HELLO, WELCOME = 1, 2
 # ClientHeader.consumer_waits (gpushm/src/layout.rs asserts the offset).
 CONSUMER_WAITS = 72
