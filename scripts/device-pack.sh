@@ -63,5 +63,6 @@ cp capi/tests/gpu.sh "$out/capi/"
 # The C consumer of `bench capi`, beside bench (examples/), against the same libgpushm.
 cc -std=c11 -O2 -Wall -Wextra capi/bench/c_consumer.c -o "$out/examples/c_consumer" \
   -Icapi/include -L"$out/capi" -l:libgpushm.so.0 -Wl,-rpath,'$ORIGIN/../capi'
-# The gpushm command (gpushm list/top/inspect), built by cargo build --release --bins.
-[ -x "${CARGO_TARGET_DIR:-$here/target}/release/gpushm" ] && cp "${CARGO_TARGET_DIR:-$here/target}/release/gpushm" "$out/bin/" || true
+# The gpushm command (gpushm list/top/inspect; cli/tests/cli.rs finds it in bin/ there).
+cargo build --release --locked -p gpushm-cli --bin gpushm
+cp "${CARGO_TARGET_DIR:-$here/target}/release/gpushm" "$out/bin/"

@@ -133,7 +133,7 @@ fn gpushm_runtime_dir_is_the_one_place_when_set() {
 }
 
 /// A consumer started before a system service finds it in /run/gpushm: it keeps looking in
-/// every directory while it waits.
+/// every directory while it waits, past a stale socket of the same name in its own.
 #[test]
 fn as_root_a_waiting_consumer_finds_a_service_in_the_system_directory() {
     assert!(
@@ -145,6 +145,12 @@ fn as_root_a_waiting_consumer_finds_a_service_in_the_system_directory() {
     let made = !system.exists();
     std::fs::create_dir_all(system).unwrap();
     let run = tmpdir();
+    // A socket of the same name left in the user's own directory by a producer that was
+    // killed: looked at first, passed over because nobody serves it.
+    let mine = run.path().join("gpushm");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700)).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(mine.join(&name)).unwrap());
     let mut c = consumer(&name, &[("XDG_RUNTIME_DIR", run.path())]);
     c.args(["--src-props", "timeout=20000000000"]);
     let c = Proc::spawn(c, "consumer");

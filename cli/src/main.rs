@@ -13,7 +13,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use gpushm::client::{query, Queried};
@@ -152,12 +152,18 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Text a peer wrote (a client's name, caps), safe to print on a terminal.
+/// Text a peer wrote (a client's name, caps, a producer's error), safe to print on a
+/// terminal: control characters and invisible formatting ones (bidirectional overrides,
+/// zero-width characters) are shown escaped.
 fn clean(s: &str) -> String {
+    let invisible = |c: char| {
+        matches!(c as u32,
+            0xad | 0x061c | 0x180e | 0x200b..=0x200f | 0x202a..=0x202e | 0x2060..=0x2069 | 0xfeff)
+    };
     s.chars()
         .flat_map(|c| {
-            if c.is_control() {
-                c.escape_default().collect::<Vec<_>>()
+            if c.is_control() || invisible(c) {
+                c.escape_unicode().collect::<Vec<_>>()
             } else {
                 vec![c]
             }
@@ -345,10 +351,12 @@ fn inspect(json_out: bool, stream: &str) -> Result<(), String> {
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return match &p.answer {
             Ok(_) => Ok(()),
-            Err(e) => Err(format!("{stream}: {e}")),
+            Err(e) => Err(format!("{}: {}", clean(stream), clean(&e.to_string()))),
         };
     }
-    let q = p.answer.map_err(|e| format!("{stream}: {e}"))?;
+    let q = p
+        .answer
+        .map_err(|e| format!("{}: {}", clean(stream), clean(&e.to_string())))?;
     let r = &q.report;
     println!("stream    {}", clean(stream));
     println!("socket    {}", q.path.display());
@@ -374,12 +382,12 @@ fn inspect(json_out: bool, stream: &str) -> Result<(), String> {
     println!("clients   {} of at most {}", open_clients(r), r.max_clients);
     for c in &r.clients {
         println!(
-            "  #{} pid {} uid {} {:?}: {}{}{}, delivered {}, dropped {} (skipped {}), held {}, latency p50 {} p99 {}",
+            "  #{} pid {} uid {} \"{}\": {}{}{}, delivered {}, dropped {} (skipped {}), held {}, latency p50 {} p99 {}",
             c.id,
             c.pid,
             c.uid,
             clean(&c.name),
-            c.mode,
+            clean(&c.mode),
             if c.lossless { " (waited for)" } else { "" },
             if c.closed { ", closed" } else if c.lagging { ", lagging" } else { "" },
             c.taken,
@@ -401,16 +409,14 @@ fn inspect(json_out: bool, stream: &str) -> Result<(), String> {
 
 /// One stream between two refreshes of `top`.
 struct Seen {
-    at: Instant,
     report: StreamReport,
 }
 
 fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<(), String> {
-    if !(interval.is_finite() && interval > 0.0) {
-        return Err(format!(
-            "--interval {interval}: give a number of seconds above 0"
-        ));
-    }
+    let pause = Duration::try_from_secs_f64(interval)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("--interval {interval}: give a number of seconds above 0"))?;
     let wanted: Vec<(String, Endpoint)> = streams
         .iter()
         .map(|s| endpoint(s).map(|e| (s.clone(), e)))
@@ -424,21 +430,14 @@ fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<
         } else {
             wanted.clone()
         };
-        let now = Instant::now();
         let mut rows = Vec::new();
         let mut seen_now = std::collections::HashMap::new();
         for (name, ep) in targets {
             let p = Probe::of(name, &ep);
             let prev = last.get(&p.path);
-            rows.push(top_row(&p, prev, now));
+            rows.push(top_row(&p, prev));
             if let Ok(q) = p.answer {
-                seen_now.insert(
-                    p.path.clone(),
-                    Seen {
-                        at: now,
-                        report: q.report,
-                    },
-                );
+                seen_now.insert(p.path.clone(), Seen { report: q.report });
             }
         }
         last = seen_now;
@@ -463,27 +462,33 @@ fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<
         if count != 0 && n >= count {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_secs_f64(interval));
+        std::thread::sleep(pause);
     }
 }
 
-/// The difference of two histograms (a client's frames between refreshes); the whole
-/// histogram where there is no earlier one or it went down (a new client of the same id).
+/// The difference of two histograms (a client's frames between refreshes; the counts wrap
+/// at 2^32); the whole histogram where there is no earlier one (its first refresh).
 fn window(now: &[u32], before: Option<&[u32]>) -> Vec<u32> {
     match before {
-        Some(b) if b.len() == now.len() && b.iter().zip(now).all(|(x, y)| x <= y) => {
-            now.iter().zip(b).map(|(x, y)| x - y).collect()
+        Some(b) if b.len() == now.len() => {
+            now.iter().zip(b).map(|(x, y)| x.wrapping_sub(*y)).collect()
         }
         _ => now.to_vec(),
     }
 }
 
-fn top_row(p: &Probe, prev: Option<&Seen>, now: Instant) -> Value {
+fn top_row(p: &Probe, prev: Option<&Seen>) -> Value {
     let mut v = stream_json(p);
     let Ok(q) = &p.answer else { return v };
     let r = &q.report;
-    let prev = prev.filter(|s| s.report.pid == r.pid && s.report.frames_sent <= r.frames_sent);
-    let dt = prev.map(|s| now.saturating_duration_since(s.at).as_secs_f64());
+    // The same producer (its uptime went on): the time between two reports by its own clock.
+    // A report answered again from its cache has the same uptime: no rates from it.
+    let prev =
+        prev.filter(|s| s.report.uptime_ns <= r.uptime_ns && s.report.frames_sent <= r.frames_sent);
+    let dt = prev
+        .map(|s| (r.uptime_ns - s.report.uptime_ns) as f64 / 1e9)
+        .filter(|&dt| dt > 0.0);
+    let prev = prev.filter(|_| dt.is_some());
     let frames = prev.map(|s| r.frames_sent - s.report.frames_sent);
     let cpu = prev.map(|s| r.cpu_ns.saturating_sub(s.report.cpu_ns));
     let o = v.as_object_mut().expect("object");
@@ -578,7 +583,7 @@ fn print_top(out: &mut impl Write, rows: &[Value]) {
             "P99 US"
         );
         for c in s(r, "client_list").as_array().into_iter().flatten() {
-            let mut mode = s(c, "mode").as_str().unwrap_or("").to_string();
+            let mut mode = clean(s(c, "mode").as_str().unwrap_or(""));
             if s(c, "closed") == true {
                 mode += "/closed";
             } else if s(c, "lagging") == true {

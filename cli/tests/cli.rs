@@ -14,8 +14,28 @@ use gpushm::format::{FrameLayout, VideoFormat};
 use gpushm::publisher::{Config, FramePublisher};
 use serde_json::Value;
 
+/// The command: cargo's build of it, or (tests packed for another machine by
+/// scripts/device-pack.sh) bin/gpushm beside the tests' folder.
+fn exe() -> std::path::PathBuf {
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_gpushm"));
+    if built.exists() {
+        return built;
+    }
+    let me = std::env::current_exe().expect("current_exe");
+    let packed = me
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("bin/gpushm"));
+    packed.filter(|p| p.exists()).unwrap_or_else(|| {
+        panic!(
+            "no gpushm command at {} or beside the tests",
+            built.display()
+        )
+    })
+}
+
 fn gpushm(dir: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpushm"))
+    let out = Command::new(exe())
         .args(args)
         .env("GPUSHM_RUNTIME_DIR", dir)
         .output()
@@ -110,6 +130,13 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
     let fast = Counter::start(&path, "fast", Delivery::Lossless, Duration::ZERO);
     // Holds each frame 60 ms at 100 fps: it keeps up with about a sixth and drops the rest.
     let slow = Counter::start(&path, "slow", Delivery::Leaky, Duration::from_millis(60));
+    // A name meant to rewrite the terminal of whoever lists it.
+    let evil = Counter::start(
+        &path,
+        "evil\x1b[2J\u{202e}",
+        Delivery::Leaky,
+        Duration::ZERO,
+    );
     let publishing = Arc::new(AtomicBool::new(true));
     let producer = {
         let (camera, publishing) = (camera.clone(), publishing.clone());
@@ -139,7 +166,7 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
         .expect("cam listed");
     assert_eq!(cam["state"], "live");
     assert_eq!(cam["path"], path.to_str().unwrap());
-    assert_eq!(cam["clients"], 2);
+    assert_eq!(cam["clients"], 3);
     assert_eq!(cam["slots"], 8);
     assert!(cam["caps"].as_str().unwrap().contains("GRAY8"), "{cam}");
     assert!(
@@ -196,7 +223,38 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
     }
     assert_eq!(client(s, "fast")["mode"], "lossless");
     assert_eq!(client(s, "slow")["mode"], "leaky");
-    assert!(client(s, "fast")["latency_p50_us"].as_f64().unwrap() > 0.0);
+    // Publish to take: a consumer that keeps up takes a frame within a few ms (a woken thread,
+    // well above the histogram's first bucket); one that takes a frame every 60 ms takes
+    // frames that waited for it.
+    let fast_p50 = client(s, "fast")["latency_p50_us"].as_f64().unwrap();
+    let slow_p50 = client(s, "slow")["latency_p50_us"].as_f64().unwrap();
+    assert!(
+        (2.0..20_000.0).contains(&fast_p50),
+        "fast p50 {fast_p50} us"
+    );
+    assert!(
+        slow_p50 > fast_p50,
+        "slow p50 {slow_p50} us, fast {fast_p50} us"
+    );
+    eprintln!("p50: fast {fast_p50} us, slow {slow_p50} us");
+
+    // Two refreshes while frames flow: the second has rates over the interval, by the
+    // producer's clock, and the consumer that keeps up takes frames at the producer's rate.
+    let (rc, out, err) = gpushm(
+        dir.path(),
+        &["top", "--json", "-n", "2", "-d", "0.5", "cam"],
+    );
+    assert_eq!(rc, 0, "{err}");
+    let second: Value = serde_json::from_str(out.lines().nth(1).expect("two lines")).unwrap();
+    let s = &second["streams"][0];
+    let fps = s["fps"].as_f64().unwrap();
+    assert!((30.0..=110.0).contains(&fps), "fps {fps}");
+    let rate = client(s, "fast")["delivered_per_s"].as_f64().unwrap();
+    assert!(
+        (rate - fps).abs() <= fps * 0.25,
+        "fast takes {rate}/s of {fps}/s"
+    );
+    assert!(s["cpu_per_frame_us"].as_f64().unwrap() > 0.0, "{s}");
 
     // Stopped: every figure settles and must equal the clients' own.
     publishing.store(false, Ordering::Relaxed);
@@ -239,13 +297,19 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
         text.contains("\"fast\"") && text.contains("\"slow\"") && text.contains("8 slots"),
         "{text}"
     );
+    // A client's own words reach the terminal escaped.
+    assert!(
+        !text.contains('\x1b') && !text.contains('\u{202e}'),
+        "{text:?}"
+    );
+    assert!(text.contains("evil\\u{1b}[2J\\u{202e}"), "{text}");
 
     // Two refreshes: the second has a rate and the producer's CPU per frame (none published
     // in between now: no rate to divide by).
     let (rc, out, err) = gpushm(dir.path(), &["top", "--json", "-n", "2", "-d", "0.3"]);
     assert_eq!(rc, 0, "{err}");
     assert_eq!(out.lines().count(), 2, "{out}");
-    drop((fast, slow));
+    drop((fast, slow, evil));
 }
 
 #[test]

@@ -406,43 +406,49 @@ impl Connection {
         wake: Option<BorrowedFd<'_>>,
         deadline: Instant,
     ) -> Result<Self> {
-        let (stream, path) = loop {
-            let path = ep.resolve()?;
-            match UnixStream::connect(&path) {
-                Ok(s) => break (s, path),
-                Err(e) if !connect_error_may_pass(&path, &e) => {
-                    return Err(connect_error(&path, &e));
-                }
-                Err(e) => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Err(Error::Timeout(match ep {
-                            Endpoint::Path(_) => format!(
-                                "no gpushmsink is serving {} ({e}); is the producer running?",
-                                path.display()
-                            ),
-                            Endpoint::Stream(n) => format!(
-                                "no gpushmsink is serving stream {n:?} (looked in {}); is the producer running, as this user or with {} set alike?",
-                                crate::names::search_dirs()
-                                    .iter()
-                                    .map(|d| d.display().to_string())
-                                    .collect::<Vec<_>>()
-                                    .join(", "),
-                                crate::names::ENV_DIR
-                            ),
-                        }));
+        let (stream, path) = 'found: loop {
+            // A stream name may be in several directories, the first of them left by a
+            // producer that was killed: try each; an error waiting cannot fix is final.
+            let mut waiting = None;
+            for path in ep.candidates()? {
+                match UnixStream::connect(&path) {
+                    Ok(s) => break 'found (s, path),
+                    Err(e) if !connect_error_may_pass(&path, &e) => {
+                        return Err(connect_error(&path, &e));
                     }
-                    // A producer may appear any moment: retry shortly, unless woken.
-                    let ms = left.min(opts.retry).as_millis().clamp(1, u16::MAX as u128) as u16;
-                    if let Some(w) = wake {
-                        let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
-                        if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
-                            return Err(Error::Interrupted);
-                        }
-                    } else {
-                        std::thread::sleep(Duration::from_millis(ms as u64));
+                    Err(e) => {
+                        waiting.get_or_insert((path, e));
                     }
                 }
+            }
+            let (path, e) = waiting.expect("candidates() is never empty");
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout(match ep {
+                    Endpoint::Path(_) => format!(
+                        "no gpushmsink is serving {} ({e}); is the producer running?",
+                        path.display()
+                    ),
+                    Endpoint::Stream(n) => format!(
+                        "no gpushmsink is serving stream {n:?} (looked in {}); is the producer running, as this user or with {} set alike?",
+                        crate::names::search_dirs()
+                            .iter()
+                            .map(|d| d.display().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        crate::names::ENV_DIR
+                    ),
+                }));
+            }
+            // A producer may appear any moment: retry shortly, unless woken.
+            let ms = left.min(opts.retry).as_millis().clamp(1, u16::MAX as u128) as u16;
+            if let Some(w) = wake {
+                let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
+                if poll(&mut pfd, PollTimeout::from(ms)).unwrap_or(0) > 0 {
+                    return Err(Error::Interrupted);
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(ms as u64));
             }
         };
         let me = nix::unistd::geteuid().as_raw();
@@ -1218,22 +1224,27 @@ pub fn query(ep: &Endpoint, timeout: Duration) -> Result<Queried> {
     let deadline = Instant::now() + timeout;
     let mut backoff = Duration::from_millis(5);
     loop {
-        let path = ep.resolve()?;
-        let stream = UnixStream::connect(&path).map_err(|e| match e.raw_os_error() {
-            Some(c) if c == nix::libc::ECONNREFUSED => Error::os(
-                format!("{}: no producer listens (stale socket)", path.display()),
-                nix::errno::Errno::ECONNREFUSED,
-            ),
-            _ => connect_error(&path, &e),
-        })?;
+        // The first candidate that takes the connection (a stale socket passes to the next).
+        let candidates = ep.candidates()?;
+        let n = candidates.len();
+        let mut found = None;
+        for (i, path) in candidates.into_iter().enumerate() {
+            match connect_within(&path, deadline) {
+                Ok(s) => {
+                    found = Some((s, path));
+                    break;
+                }
+                Err(Error::Os {
+                    errno: nix::errno::Errno::ECONNREFUSED,
+                    ..
+                }) if i + 1 < n => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        let (stream, path) =
+            found.ok_or_else(|| Error::Invalid(format!("{ep}: nothing to connect to")))?;
         let peer = getsockopt(&stream, PeerCredentials)
             .map_err(|e| Error::os("reading the producer's credentials (SO_PEERCRED)", e))?;
-        stream.set_nonblocking(true).map_err(|e| {
-            Error::os(
-                "fcntl",
-                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
-            )
-        })?;
         let mut conn = Conn::new(stream).refusing_fds();
         conn.send(&Message::Query { flags: 0 }, &[])?;
         let left = deadline.saturating_duration_since(Instant::now());
@@ -1262,6 +1273,56 @@ pub fn query(ep: &Endpoint, timeout: Duration) -> Result<Queried> {
                 )))
             }
             m => return Err(Error::protocol(format!("expected Report, got {m:?}"))),
+        }
+    }
+}
+
+/// A connection to `path` made without blocking past `deadline` (a stopped producer's full
+/// backlog would block connect(2) for good). A socket nobody listens on is `Error::Os` with
+/// ECONNREFUSED.
+fn connect_within(path: &std::path::Path, deadline: Instant) -> Result<UnixStream> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| Error::os("socket", e))?;
+    let addr = UnixAddr::new(path).map_err(|_| {
+        Error::Invalid(format!(
+            "socket path {} is too long: unix socket paths hold at most {} bytes",
+            path.display(),
+            super::MAX_SOCKET_PATH
+        ))
+    })?;
+    loop {
+        match connect(fd.as_raw_fd(), &addr) {
+            Ok(()) => return Ok(UnixStream::from(fd)),
+            // Unix sockets answer EAGAIN while the listener's backlog is full.
+            Err(Errno::EAGAIN) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(Errno::EAGAIN) => {
+                return Err(Error::Timeout(format!(
+                    "{}: the producer takes no connections (its queue is full: is it stopped?)",
+                    path.display()
+                )))
+            }
+            Err(Errno::EINTR) => {}
+            Err(Errno::ECONNREFUSED) => {
+                return Err(Error::os(
+                    format!("{}: no producer listens (stale socket)", path.display()),
+                    Errno::ECONNREFUSED,
+                ))
+            }
+            Err(e) => {
+                return Err(connect_error(
+                    path,
+                    &std::io::Error::from_raw_os_error(e as i32),
+                ))
+            }
         }
     }
 }

@@ -304,7 +304,7 @@ pub(crate) unsafe fn queue_entry<'a>(
 }
 
 /// Buckets of a client's latency histogram: four a doubling, from 1 µs (bucket 0 holds
-/// everything below 1 µs) to about 15 s (the last bucket holds everything above).
+/// everything below 1 µs) up: the last bucket holds everything from about 12.6 s.
 pub const LATENCY_BUCKETS: usize = 96;
 const LATENCY_SUBS: u32 = 4;
 
@@ -334,7 +334,8 @@ pub fn latency_bucket_floor(i: usize) -> u64 {
 
 /// The latency below which `pct` percent of the frames counted in `hist` were taken: the
 /// upper edge of the bucket the percentile falls in (an overestimate of at most one
-/// quarter-doubling, about 19 %). `None` when nothing was counted.
+/// quarter-doubling, about 19 %), or for the last bucket its lower edge (about 12.6 s: "that
+/// or more"). `None` when nothing was counted.
 pub fn latency_percentile(hist: &[u32], pct: f64) -> Option<u64> {
     let total: u64 = hist.iter().map(|&c| c as u64).sum();
     if total == 0 {

@@ -14,11 +14,14 @@
 //!
 //! A producer creates its socket in the first of 1 and 2. A consumer connects to the first
 //! directory of 1, 2 and 3 that holds a socket of that name; while none does, it waits for one
-//! to appear in any of them. Directories are checked before they are trusted: the user's own
-//! must be a directory (not a link) of this user that nobody else can enter; the others must
-//! belong to this user or root and be writable by nobody else unless sticky. So two users'
-//! streams of the same name never meet, and another user cannot put a socket where we look.
-//! (A consumer also checks who serves the socket: `producer_uid`.)
+//! to appear in any of them; a name whose socket nobody serves (left by a producer that was
+//! killed) is passed over for the next directory that has it. Directories are checked before
+//! they are used: the user's own must be a directory (not a link) of this user that nobody
+//! else can enter, so two users' streams of the same name never meet and nobody else can put
+//! a socket there. The others (`GPUSHM_RUNTIME_DIR`, `/run/gpushm`: shared on purpose, often
+//! owned by a service's user) must be directories not writable by everybody unless sticky;
+//! there, a socket another user put in place is refused by the consumer's check of who serves
+//! it (`producer_uid`: this user or root unless set).
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -118,11 +121,6 @@ fn check_dir(dir: &Path) -> Result<bool> {
         } else {
             None
         }
-    } else if meta.uid() != me && meta.uid() != 0 {
-        Some(format!(
-            "it belongs to uid {}, neither this user (uid {me}) nor root",
-            meta.uid()
-        ))
     } else if mode & 0o002 != 0 && mode & 0o1000 == 0 {
         Some(format!(
             "its mode is {mode:o}: anybody may replace its sockets (no sticky bit)"
@@ -170,8 +168,16 @@ pub fn producer_path(name: &str) -> Result<PathBuf> {
 /// A directory that cannot be trusted is an error where it is the first one (where our own
 /// producers go); a later one (the system's) is passed over.
 pub fn consumer_path(name: &str) -> Result<PathBuf> {
+    Ok(consumer_candidates(name)?.remove(0))
+}
+
+/// Every socket a consumer of stream `name` may connect to now, in lookup order: each of
+/// [`search_dirs`] that holds an entry of that name, or, when none does, the place its
+/// producer would make it. Never empty.
+pub fn consumer_candidates(name: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
     let dirs = search_dirs();
+    let mut out = Vec::new();
     for (i, dir) in dirs.iter().enumerate() {
         let usable = match check_dir(dir) {
             Ok(exists) => exists,
@@ -179,10 +185,13 @@ pub fn consumer_path(name: &str) -> Result<PathBuf> {
             Err(_) => false,
         };
         if usable && std::fs::symlink_metadata(dir.join(name)).is_ok() {
-            return Ok(dir.join(name));
+            out.push(dir.join(name));
         }
     }
-    Ok(dirs[0].join(name))
+    if out.is_empty() {
+        out.push(dirs[0].join(name));
+    }
+    Ok(out)
 }
 
 /// Where a consumer connects: a socket path, or a stream name looked up again at each
@@ -194,11 +203,17 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
-    /// The socket to connect to now.
+    /// The socket to connect to now (the first of [`Self::candidates`]).
     pub fn resolve(&self) -> Result<PathBuf> {
+        Ok(self.candidates()?.remove(0))
+    }
+
+    /// The sockets to try now, in order (a stream name may be in several directories, the
+    /// first of them stale).
+    pub fn candidates(&self) -> Result<Vec<PathBuf>> {
         match self {
-            Endpoint::Path(p) => Ok(p.clone()),
-            Endpoint::Stream(n) => consumer_path(n),
+            Endpoint::Path(p) => Ok(vec![p.clone()]),
+            Endpoint::Stream(n) => consumer_candidates(n),
         }
     }
 }
@@ -233,13 +248,19 @@ pub struct Found {
 pub fn list() -> Result<Vec<Found>> {
     let mut out: Vec<Found> = Vec::new();
     for (i, dir) in search_dirs().into_iter().enumerate() {
-        match check_dir(&dir) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        let found = match check_dir(&dir).and_then(|exists| {
+            if exists {
+                list_dir(&dir)
+            } else {
+                Ok(Vec::new())
+            }
+        }) {
+            Ok(f) => f,
             Err(e) if i == 0 => return Err(e),
+            // A system directory we may not read or trust: not ours to list.
             Err(_) => continue,
-        }
-        for f in list_dir(&dir)? {
+        };
+        for f in found {
             if !out.iter().any(|o| o.name == f.name) {
                 out.push(f);
             }

@@ -891,6 +891,43 @@ impl Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_report_of_more_clients_than_fit_stays_within_the_payload_limit_and_says_so() {
+        // 300 clients, each with a full histogram and a long name: far over 64 KiB.
+        let client = |id| ClientReport {
+            id,
+            name: "x".repeat(200),
+            mode: "lossless".into(),
+            latency: vec![u32::MAX; crate::layout::LATENCY_BUCKETS],
+            ..Default::default()
+        };
+        let report = StreamReport {
+            caps: "c".repeat(3 * REPORT_MAX_CAPS),
+            clients: (0..300).map(client).collect(),
+            ..Default::default()
+        };
+        let bytes = Message::Report(Box::new(report)).encode();
+        assert!(
+            bytes.len() <= HEADER_LEN + MAX_PAYLOAD as usize,
+            "{} bytes",
+            bytes.len()
+        );
+        let (m, used, _) = Message::decode(&bytes).unwrap().expect("whole");
+        assert_eq!(used, bytes.len());
+        let Message::Report(r) = m else {
+            panic!("{m:?}")
+        };
+        assert!(r.clients.len() > 10, "{} clients fit", r.clients.len());
+        assert_eq!(r.clients.len() + r.clients_left_out as usize, 300);
+        assert!(r.caps.len() <= REPORT_MAX_CAPS && r.caps.ends_with("..."));
+        assert!(r.clients.iter().all(|c| c.name.len() <= REPORT_MAX_NAME));
+        assert_eq!(
+            r.clients[0].latency,
+            vec![u32::MAX; crate::layout::LATENCY_BUCKETS]
+        );
+        assert_eq!(r.clients[3].id, 3);
+    }
     use std::os::fd::AsFd;
 
     fn all() -> Vec<Message> {

@@ -8,6 +8,19 @@ import sys
 
 from . import Error, inspect, streams
 
+# Control and invisible formatting characters (bidirectional overrides, zero-width ones) a peer
+# may put in a name, caps or an error, shown escaped rather than sent to the terminal.
+_INVISIBLE = {0xAD, 0x061C, 0x180E, 0xFEFF, *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x206A)}
+
+
+def _clean(text) -> str:
+    import unicodedata
+
+    return "".join(
+        c.encode("unicode_escape").decode() if unicodedata.category(c) == "Cc" or ord(c) in _INVISIBLE else c
+        for c in str(text)
+    )
+
 
 def _short_caps(caps):
     if not caps:
@@ -43,26 +56,26 @@ def main(argv=None):
         print(f"{'NAME':<20} {'CLIENTS':>7} {'FPS':>7} {'SLOTS':>5}  CAPS")
         for s in found:
             if s["state"] == "live":
-                print(f"{s['name']:<20} {s['clients']:>7} {s['fps']:>7.1f} {s['slots']:>5}  {_short_caps(s['caps'])}")
+                print(f"{_clean(s['name']):<20} {s['clients']:>7} {s['fps']:>7.1f} {s['slots']:>5}  {_clean(_short_caps(s['caps']))}")
             else:
-                print(f"{s['name']:<20} {'-':>7} {'-':>7} {'-':>5}  {s['state']}: {s.get('error', '')}")
+                print(f"{_clean(s['name']):<20} {'-':>7} {'-':>7} {'-':>5}  {s['state']}: {_clean(s.get('error', ''))}")
         return 0
     try:
         s = inspect(a.stream)
     except (Error, ValueError) as e:
-        print(f"gpushm: {a.stream}: {e}", file=sys.stderr)
+        print(f"gpushm: {_clean(a.stream)}: {_clean(e)}", file=sys.stderr)
         return 1
     if a.json:
         print(json.dumps(s, indent=2, default=str))
         return 0
-    print(f"stream    {s['name']}\nsocket    {s['path']}")
+    print(f"stream    {_clean(s['name'])}\nsocket    {_clean(s['path'])}")
     print(f"producer  pid {s['producer_pid']} (uid {s['producer_uid']}), up {s['uptime_s']:.1f} s")
-    print(f"caps      {s['caps']}")
+    print(f"caps      {_clean(s['caps'])}")
     print(f"ring      {s['slots']} slots of {s['slot_size']} bytes")
     print(f"frames    {s['frames_sent']} published ({s['fps']:.1f}/s), {s['frames_dropped']} dropped")
     for c in s["client_list"]:
         print(
-            f"  #{c['id']} pid {c['pid']} {c['name']!r}: {c['mode']}, delivered {c['delivered']}, "
+            f"  #{c['id']} pid {c['pid']} {_clean(repr(c['name']))}: {_clean(c['mode'])}, delivered {c['delivered']}, "
             f"dropped {c['dropped']}, held {c['held']}, latency p50 {c['latency_p50_us']} us"
         )
     return 0
