@@ -10,17 +10,22 @@ out=${1:-.device}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 ../shared/tools/device-pack "$out"
-# What the GPU machine does not run, left out to stay under the 64 MiB a run may carry: the
-# network re-export tests and their RTSP server (no SRT, RTSP or libav there), the gpushm
-# command's tests and its binary's empty test harness (no GPU in them).
-for t in "$out"/tests/network-* "$out"/tests/cli-* "$out"/examples/rtsp_server; do rm -f "$t"; done
+# What the GPU machine does not run, left out to stay under the 64 MiB a run may carry (tree
+# included): the network re-export tests and their RTSP server (no SRT, RTSP or libav there),
+# and tests with nothing GPU- or machine-specific in them, which CI runs: the gpushm command's,
+# stream names, namespaces, the wire fuzzer, and the command's empty test harness.
+for t in "$out"/tests/network-* "$out"/tests/cli-* "$out"/tests/names-* "$out"/tests/containers-* \
+         "$out"/tests/fuzz-* "$out"/examples/rtsp_server; do rm -f "$t"; done
 for t in "$out"/tests/gpushm-*; do
   "$t" --list 2>/dev/null | grep -q '^0 tests' && rm -f "$t"
 done
 # The plugins the real-pipeline tests use (encoders, muxers, demuxers, decoders), with their
 # libraries.
 arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
-skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*)\.so'
+# libgpushm is packed in capi/ (below), where its programs find it: a copy in lib/ would
+# come first on LD_LIBRARY_PATH and go stale.
+skip='^(libc|libm|libdl|librt|libpthread|ld-linux[^ ]*|libstdc\+\+|libgcc_s|libcuda|libnvrtc[^ ]*|libgpushm)\.so'
+rm -f "$out"/lib/libgpushm.so*
 # jpeg, rtp, audiotestsrc and openh264 (a small H.264 decoder: gst-libav with FFmpeg is over
 # 200 MB) are for the encoded-stream tests; nvcodec (Debian's 1.22: cudaupload, cudadownload,
 # nvh264dec) for the CUDA-memory tests.
