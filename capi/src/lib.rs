@@ -892,8 +892,9 @@ impl FrameObj {
         info.flags = f.meta.buffer_flags & !0xf;
         info.publish_ns = f.meta.publish_ns;
         info.on_device = on_device as c_int;
-        if let Some((format, width, height, planes)) = geometry(&f) {
-            describe(&mut info, &format, width, height, &planes, base);
+        if let Some(g) = geometry(&f) {
+            let (format, width, height, planes) = &*g;
+            describe(&mut info, format, *width, *height, planes, base);
         }
         let caps = caps_cstring(&f.caps);
         Self {
@@ -911,7 +912,8 @@ struct LayoutKey {
     fields: [u64; 4 + 4 * 4],
 }
 
-type Geometry = (String, u32, u32, Vec<gpushm_core::format::Plane>);
+/// Shared, so that a frame of a known layout costs no copy of it.
+type Geometry = Arc<(String, u32, u32, Vec<gpushm_core::format::Plane>)>;
 
 /// The frame's layout, checked ([`FrameGeometry::of_frame`]) once per caps and layout, not
 /// per frame (parsing the caps costs more than the rest of a frame's way through this API).
@@ -945,7 +947,7 @@ fn geometry(f: &Frame) -> Option<Geometry> {
     }
     let g = FrameGeometry::of_frame(m, &f.caps)
         .ok()
-        .map(|g| (g.format, g.width, g.height, g.planes));
+        .map(|g| Arc::new((g.format, g.width, g.height, g.planes)));
     *last = Some((key, g.clone()));
     g
 }
