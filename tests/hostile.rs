@@ -1522,3 +1522,74 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
         share * 100.0
     );
 }
+
+/// A producer that takes no connections (stopped, its listen queue full) cannot hold a
+/// consumer past its timeout, nor the `gpushm` tool's query past its own: connect(2) on a
+/// full queue used to block until the producer woke up, whatever the timeout said.
+#[test]
+fn a_producer_whose_queue_is_full_cannot_hang_a_consumer_past_its_timeout() {
+    use nix::sys::socket::{
+        bind, connect, listen, socket, AddressFamily, Backlog, SockFlag, SockType, UnixAddr,
+    };
+    let dir = tmpdir();
+    let sock = dir.path().join("full.sock");
+    let addr = UnixAddr::new(&sock).unwrap();
+    let l = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .unwrap();
+    bind(l.as_raw_fd(), &addr).unwrap();
+    listen(&l, Backlog::new(0).unwrap()).unwrap();
+    // Fill its queue: it never accepts.
+    let mut fillers = Vec::new();
+    loop {
+        let s = socket(
+            AddressFamily::Unix,
+            SockType::Stream,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .unwrap();
+        match connect(s.as_raw_fd(), &addr) {
+            Ok(()) => fillers.push(s),
+            Err(nix::errno::Errno::EAGAIN) => break,
+            Err(e) => panic!("filling the queue: {e}"),
+        }
+        assert!(fillers.len() < 100, "the queue never filled");
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.clone();
+    std::thread::spawn(move || {
+        let started = Instant::now();
+        let opts = gpushm::client::ConnectOptions {
+            timeout: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let sub = gpushm::client::Subscriber::connect(&path, opts).map(|_| ());
+        let took = started.elapsed();
+        let started = Instant::now();
+        let q = gpushm::client::query(
+            &gpushm::names::Endpoint::Path(path.clone()),
+            Duration::from_secs(1),
+        )
+        .map(|_| ());
+        let _ = tx.send((sub, took, q, started.elapsed()));
+    });
+    let (sub, took, q, qtook) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the consumer or the query hung on the producer's full queue");
+    let e = sub.expect_err("connected to a listener that never accepts");
+    assert!(e.to_string().contains("queue is full"), "{e}");
+    assert!(
+        took < Duration::from_secs(3),
+        "the consumer waited {took:?}"
+    );
+    assert!(
+        q.is_err() && qtook < Duration::from_secs(3),
+        "the query: {q:?} after {qtook:?}"
+    );
+    drop(fillers);
+}

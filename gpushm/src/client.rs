@@ -411,8 +411,14 @@ impl Connection {
             // producer that was killed: try each; an error waiting cannot fix is final.
             let mut waiting = None;
             for path in ep.candidates()? {
-                match UnixStream::connect(&path) {
+                match connect_nonblocking(&path, deadline, wake) {
                     Ok(s) => break 'found (s, path),
+                    Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => {
+                        return Err(Error::Interrupted)
+                    }
+                    Err(e) if e.raw_os_error() == Some(nix::libc::EAGAIN) => {
+                        return Err(backlog_full(&path))
+                    }
                     Err(e) if !connect_error_may_pass(&path, &e) => {
                         return Err(connect_error(&path, &e));
                     }
@@ -1277,10 +1283,14 @@ pub fn query(ep: &Endpoint, timeout: Duration) -> Result<Queried> {
     }
 }
 
-/// A connection to `path` made without blocking past `deadline` (a stopped producer's full
-/// backlog would block connect(2) for good). A socket nobody listens on is `Error::Os` with
-/// ECONNREFUSED.
-fn connect_within(path: &std::path::Path, deadline: Instant) -> Result<UnixStream> {
+/// connect(2) that never blocks: the listener's backlog full (EAGAIN: a producer that is
+/// stopped or swamped) is tried again every 10 ms until `deadline`, then returned; a readable
+/// `wake` returns EINTR. A path too long for a unix socket is InvalidInput (no errno).
+fn connect_nonblocking(
+    path: &std::path::Path,
+    deadline: Instant,
+    wake: Option<BorrowedFd<'_>>,
+) -> std::io::Result<UnixStream> {
     use nix::errno::Errno;
     use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
     let fd = socket(
@@ -1288,43 +1298,48 @@ fn connect_within(path: &std::path::Path, deadline: Instant) -> Result<UnixStrea
         SockType::Stream,
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
         None,
-    )
-    .map_err(|e| Error::os("socket", e))?;
+    )?;
     let addr = UnixAddr::new(path).map_err(|_| {
-        Error::Invalid(format!(
-            "socket path {} is too long: unix socket paths hold at most {} bytes",
-            path.display(),
-            super::MAX_SOCKET_PATH
-        ))
+        std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long")
     })?;
     loop {
         match connect(fd.as_raw_fd(), &addr) {
             Ok(()) => return Ok(UnixStream::from(fd)),
-            // Unix sockets answer EAGAIN while the listener's backlog is full.
-            Err(Errno::EAGAIN) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(10))
-            }
-            Err(Errno::EAGAIN) => {
-                return Err(Error::Timeout(format!(
-                    "{}: the producer takes no connections (its queue is full: is it stopped?)",
-                    path.display()
-                )))
-            }
+            Err(Errno::EAGAIN) if Instant::now() < deadline => match wake {
+                Some(w) => {
+                    let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
+                    if poll(&mut pfd, PollTimeout::from(10u16)).unwrap_or(0) > 0 {
+                        return Err(Errno::EINTR.into());
+                    }
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            },
             Err(Errno::EINTR) => {}
-            Err(Errno::ECONNREFUSED) => {
-                return Err(Error::os(
-                    format!("{}: no producer listens (stale socket)", path.display()),
-                    Errno::ECONNREFUSED,
-                ))
-            }
-            Err(e) => {
-                return Err(connect_error(
-                    path,
-                    &std::io::Error::from_raw_os_error(e as i32),
-                ))
-            }
+            Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// What a full backlog past the deadline says.
+fn backlog_full(path: &std::path::Path) -> Error {
+    Error::Timeout(format!(
+        "{}: the producer takes no connections (its queue is full: is it stopped?)",
+        path.display()
+    ))
+}
+
+/// A connection to `path` made without blocking past `deadline` (a stopped producer's full
+/// backlog would block connect(2) for good). A socket nobody listens on is `Error::Os` with
+/// ECONNREFUSED.
+fn connect_within(path: &std::path::Path, deadline: Instant) -> Result<UnixStream> {
+    connect_nonblocking(path, deadline, None).map_err(|e| match e.raw_os_error() {
+        Some(nix::libc::EAGAIN) => backlog_full(path),
+        Some(nix::libc::ECONNREFUSED) => Error::os(
+            format!("{}: no producer listens (stale socket)", path.display()),
+            nix::errno::Errno::ECONNREFUSED,
+        ),
+        _ => connect_error(path, &e),
+    })
 }
 
 #[cfg(test)]
