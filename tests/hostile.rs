@@ -637,18 +637,6 @@ fn a_message_sent_with_hello_is_refused() {
     p.kill9();
 }
 
-/// Runs `cmd` as user nobody (65534), which needs root.
-fn as_nobody(cmd: &mut std::process::Command, home: &Path) {
-    use std::os::unix::process::CommandExt;
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test runs a second user (nobody) and needs root; skip it with --skip second_user"
-    );
-    cmd.uid(65534).gid(65534);
-    cmd.env("HOME", home)
-        .env("GST_REGISTRY", home.join("registry.bin"));
-}
-
 /// A directory every user may write to (and replace files in: no sticky bit), as a careless
 /// shared directory would be.
 fn shared_dir() -> tempfile::TempDir {

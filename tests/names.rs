@@ -56,17 +56,6 @@ fn scrub(c: &mut Command, env: &[(&str, &Path)]) {
     }
 }
 
-fn as_nobody(cmd: &mut Command, home: &Path) {
-    use std::os::unix::process::CommandExt;
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "this test runs a second user (nobody) and needs root; skip it with --skip second_user"
-    );
-    cmd.uid(65534).gid(65534);
-    cmd.env("HOME", home)
-        .env("GST_REGISTRY", home.join("registry.bin"));
-}
-
 /// The caps line and the summary of a frame_checker that must have passed.
 fn passed(c: Proc) -> Vec<String> {
     let (status, out) = c.finish(Duration::from_secs(60));

@@ -407,11 +407,6 @@ fn inspect(json_out: bool, stream: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One stream between two refreshes of `top`.
-struct Seen {
-    report: StreamReport,
-}
-
 fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<(), String> {
     let pause = Duration::try_from_secs_f64(interval)
         .ok()
@@ -421,7 +416,7 @@ fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<
         .iter()
         .map(|s| endpoint(s).map(|e| (s.clone(), e)))
         .collect::<Result<_, _>>()?;
-    let mut last: std::collections::HashMap<PathBuf, Seen> = Default::default();
+    let mut last: std::collections::HashMap<PathBuf, StreamReport> = Default::default();
     let tty = std::io::stdout().is_terminal() && !json_out;
     let mut n = 0u64;
     loop {
@@ -437,7 +432,7 @@ fn top(json_out: bool, interval: f64, count: u64, streams: &[String]) -> Result<
             let prev = last.get(&p.path);
             rows.push(top_row(&p, prev));
             if let Ok(q) = p.answer {
-                seen_now.insert(p.path.clone(), Seen { report: q.report });
+                seen_now.insert(p.path.clone(), q.report);
             }
         }
         last = seen_now;
@@ -477,20 +472,19 @@ fn window(now: &[u32], before: Option<&[u32]>) -> Vec<u32> {
     }
 }
 
-fn top_row(p: &Probe, prev: Option<&Seen>) -> Value {
+fn top_row(p: &Probe, prev: Option<&StreamReport>) -> Value {
     let mut v = stream_json(p);
     let Ok(q) = &p.answer else { return v };
     let r = &q.report;
     // The same producer (its uptime went on): the time between two reports by its own clock.
     // A report answered again from its cache has the same uptime: no rates from it.
-    let prev =
-        prev.filter(|s| s.report.uptime_ns <= r.uptime_ns && s.report.frames_sent <= r.frames_sent);
+    let prev = prev.filter(|s| s.uptime_ns <= r.uptime_ns && s.frames_sent <= r.frames_sent);
     let dt = prev
-        .map(|s| (r.uptime_ns - s.report.uptime_ns) as f64 / 1e9)
+        .map(|s| (r.uptime_ns - s.uptime_ns) as f64 / 1e9)
         .filter(|&dt| dt > 0.0);
     let prev = prev.filter(|_| dt.is_some());
-    let frames = prev.map(|s| r.frames_sent - s.report.frames_sent);
-    let cpu = prev.map(|s| r.cpu_ns.saturating_sub(s.report.cpu_ns));
+    let frames = prev.map(|s| r.frames_sent - s.frames_sent);
+    let cpu = prev.map(|s| r.cpu_ns.saturating_sub(s.cpu_ns));
     let o = v.as_object_mut().expect("object");
     if let (Some(dt), Some(f)) = (dt, frames) {
         if dt > 0.0 {
@@ -508,7 +502,7 @@ fn top_row(p: &Probe, prev: Option<&Seen>) -> Value {
         .clients
         .iter()
         .map(|c| {
-            let before = prev.and_then(|s| s.report.clients.iter().find(|b| b.id == c.id));
+            let before = prev.and_then(|s| s.clients.iter().find(|b| b.id == c.id));
             let mut cv = client_json(c);
             let co = cv.as_object_mut().expect("object");
             let hist = window(&c.latency, before.map(|b| b.latency.as_slice()));

@@ -203,6 +203,25 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// Where settings point: a socket path (named `path_setting` in messages) or a stream
+    /// name, exactly one of them; a bad name is refused saying why.
+    pub fn from_settings(
+        path: Option<PathBuf>,
+        stream: Option<String>,
+        path_setting: &str,
+    ) -> Result<Self> {
+        match (path, stream) {
+            (Some(p), None) => Ok(Endpoint::Path(p)),
+            (None, Some(n)) => check_name(&n).map(|()| Endpoint::Stream(n)),
+            (Some(_), Some(_)) => Err(Error::Invalid(format!(
+                "both {path_setting} and stream are set: set one of them"
+            ))),
+            (None, None) => Err(Error::Invalid(format!(
+                "neither {path_setting} nor stream is set: give the producer's stream name (stream=NAME) or its socket path ({path_setting}=/some/path)"
+            ))),
+        }
+    }
+
     /// The socket to connect to now (the first of [`Self::candidates`]).
     pub fn resolve(&self) -> Result<PathBuf> {
         Ok(self.candidates()?.remove(0))

@@ -735,11 +735,6 @@ impl<P: Send + 'static> Publisher<P> {
     }
 
     /// The stream's figures as a Report: [`Self::stats`], plus caps, ring, rates and CPU.
-    pub fn report(&self) -> StreamReport {
-        self.reclaim();
-        self.report_locked(&lock(&self.inner))
-    }
-
     fn report_locked(&self, inner: &Inner<P>) -> StreamReport {
         let (s, clients) = Self::stats_locked(inner);
         let (slot_count, slot_size, ring_size, device_ring) = inner

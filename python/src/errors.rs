@@ -66,22 +66,16 @@ pub fn secs(t: Option<f64>) -> PyResult<Option<Duration>> {
 }
 
 /// Where to connect or publish: `path` or `stream` (a name, see gpushm.names), exactly one;
-/// a bad name is a ValueError saying why.
+/// neither is a TypeError (a missing argument), anything else wrong a ValueError saying why.
 pub fn endpoint(
     path: Option<std::path::PathBuf>,
     stream: Option<String>,
 ) -> PyResult<gpushm::names::Endpoint> {
-    match (path, stream) {
-        (Some(p), None) => Ok(gpushm::names::Endpoint::Path(p)),
-        (None, Some(n)) => {
-            gpushm::names::check_name(&n).map_err(|e| PyValueError::new_err(e.to_string()))?;
-            Ok(gpushm::names::Endpoint::Stream(n))
-        }
-        (Some(_), Some(_)) => Err(PyValueError::new_err(
-            "both path and stream are given: give one of them",
-        )),
-        (None, None) => Err(pyo3::exceptions::PyTypeError::new_err(
+    if path.is_none() && stream.is_none() {
+        return Err(pyo3::exceptions::PyTypeError::new_err(
             "give the producer's path or its stream name (stream=...)",
-        )),
+        ));
     }
+    gpushm::names::Endpoint::from_settings(path, stream, "path")
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }

@@ -1063,22 +1063,18 @@ impl BaseSinkImpl for GpuShmSink {
 
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let s = self.settings().clone();
-        let path = match (s.socket_path.clone(), s.stream.as_deref()) {
-            (Some(p), None) => p,
-            (None, Some(n)) => gpushm::names::producer_path(n)
+        let settings_error =
+            |e: gpushm::Error| gst::error_msg!(gst::ResourceError::Settings, ("{}", e));
+        let path = match gpushm::names::Endpoint::from_settings(
+            s.socket_path.clone(),
+            s.stream.clone(),
+            "socket-path",
+        )
+        .map_err(settings_error)?
+        {
+            gpushm::names::Endpoint::Path(p) => p,
+            gpushm::names::Endpoint::Stream(n) => gpushm::names::producer_path(&n)
                 .map_err(|e| gst::error_msg!(gst::ResourceError::OpenWrite, ("{}", e)))?,
-            (Some(_), Some(_)) => {
-                return Err(gst::error_msg!(
-                    gst::ResourceError::Settings,
-                    ("both socket-path and stream are set: set one of them")
-                ))
-            }
-            (None, None) => {
-                return Err(gst::error_msg!(
-                    gst::ResourceError::NotFound,
-                    ("neither socket-path nor stream is set: give gpushmsink a stream=NAME or a socket-path=/some/path for consumers to connect to")
-                ))
-            }
         };
         let weak = self.obj().downgrade();
         let on_event = Box::new(move |e: Event| {

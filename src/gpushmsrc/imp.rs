@@ -896,27 +896,9 @@ impl ElementImpl for GpuShmSrc {
 impl BaseSrcImpl for GpuShmSrc {
     fn start(&self) -> Result<(), gst::ErrorMessage> {
         let s = self.settings().clone();
-        let endpoint = match (s.socket_path.clone(), s.stream.clone()) {
-            (Some(p), None) => Endpoint::Path(p),
-            (None, Some(n)) => {
-                gpushm::names::check_name(&n).map_err(|e| {
-                    gst::error_msg!(gst::ResourceError::NotFound, ("{}", e))
-                })?;
-                Endpoint::Stream(n)
-            }
-            (Some(_), Some(_)) => {
-                return Err(gst::error_msg!(
-                    gst::ResourceError::Settings,
-                    ("both socket-path and stream are set: set one of them")
-                ))
-            }
-            (None, None) => {
-                return Err(gst::error_msg!(
-                    gst::ResourceError::NotFound,
-                    ("neither socket-path nor stream is set: point gpushmsrc at the socket-path or the stream name of a gpushmsink")
-                ))
-            }
-        };
+        let endpoint =
+            Endpoint::from_settings(s.socket_path.clone(), s.stream.clone(), "socket-path")
+                .map_err(|e| gst::error_msg!(gst::ResourceError::Settings, ("{}", e)))?;
         // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
         // downstream asks (decide_allocation).
         let cuda = match s.cuda_register {

@@ -339,3 +339,15 @@ impl RawClient {
         self
     }
 }
+
+/// Runs `cmd` as user nobody (65534), which needs root.
+pub fn as_nobody(cmd: &mut Command, home: &Path) {
+    use std::os::unix::process::CommandExt;
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test runs a second user (nobody) and needs root; skip it with --skip second_user"
+    );
+    cmd.uid(65534).gid(65534);
+    cmd.env("HOME", home)
+        .env("GST_REGISTRY", home.join("registry.bin"));
+}
