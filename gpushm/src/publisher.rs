@@ -315,7 +315,23 @@ impl Client {
     fn refs(&self) -> usize {
         self.ch.pending_len() + self.ch.held_len()
     }
+
+    /// What counts against a client's share of a crowded or starved ring: the frames it
+    /// took and keeps. Frames handed over but not yet taken are the producer's doing (a
+    /// consumer that keeps up has one in flight now and then), so an open client is not cut
+    /// for them; a closed client takes no more, so everything it references counts.
+    fn share_count(&self) -> usize {
+        if self.closed {
+            self.refs()
+        } else {
+            self.ch.held_len()
+        }
+    }
 }
+
+/// Every client's budget (frames it may reference at once) while the ring is crowded (see
+/// [`Publisher::relieve_overcrowding`]): one kept zero-copy and one in flight.
+const CROWDED_BUDGET: usize = 2;
 
 /// A connection that has not said Hello yet.
 struct Pending {
@@ -1041,7 +1057,7 @@ impl<P: Send + 'static> Publisher<P> {
         });
         let policy = Policy {
             budget: if crowded {
-                policy.budget.min(2)
+                policy.budget.min(CROWDED_BUDGET)
             } else {
                 policy.budget
             },
@@ -1422,12 +1438,15 @@ impl<P: Send + 'static> Publisher<P> {
             return;
         }
         // A closed client still holding frames, or the one most over its share, first (as
-        // check_starvation would, later).
-        let share = (slots / open.max(1)).max(1);
+        // check_starvation would, later). While crowded, a client that follows its budget
+        // may hold CROWDED_BUDGET frames a moment (one kept zero-copy, the next taken before
+        // it is copied), even when that is more than the ring's slots over the clients: only
+        // more than that is over its share here.
+        let share = (slots / open.max(1)).max(CROWDED_BUDGET);
         if let Some((id, refs, share)) = inner
             .clients
             .iter()
-            .map(|c| (c.id, c.refs(), if c.closed { 0 } else { share }))
+            .map(|c| (c.id, c.share_count(), if c.closed { 0 } else { share }))
             .filter(|&(_, r, share)| r > share)
             .max_by_key(|&(_, r, share)| (share == 0, r))
         {
@@ -1783,12 +1802,17 @@ impl<P: Send + 'static> Publisher<P> {
         // Closed clients take no more frames: they have no share, and go first.
         let open = inner.clients.iter().filter(|c| !c.closed).count();
         let share = (slots / open.max(1)).max(1);
-        let Some((id, refs, share)) = inner
-            .clients
-            .iter()
-            .map(|c| (c.id, c.refs(), if c.closed { 0 } else { share }))
-            .filter(|&(_, r, share)| r > share)
-            .max_by_key(|&(_, r, share)| (share == 0, r))
+        // What a client took and keeps counts first; past the timeout, frames handed over and
+        // never taken count too (a client that keeps up would have taken them by now).
+        let over = |count: fn(&Client) -> usize| {
+            inner
+                .clients
+                .iter()
+                .map(|c| (c.id, count(c), if c.closed { 0 } else { share }))
+                .filter(|&(_, r, share)| r > share)
+                .max_by_key(|&(_, r, share)| (share == 0, r))
+        };
+        let Some((id, refs, share)) = over(Client::share_count).or_else(|| over(Client::refs))
         else {
             return;
         };
