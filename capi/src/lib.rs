@@ -204,7 +204,19 @@ thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
+/// Set once any thread was given a message: until then, a successful call has none to clear
+/// and does not touch its thread-local (a per-frame cost in a library: its thread-locals are
+/// reached through the dynamic linker).
+static ANY_ERROR: AtomicBool = AtomicBool::new(false);
+
 fn set_error(msg: &str) {
+    if msg.is_empty() {
+        if !ANY_ERROR.load(Ordering::Relaxed) {
+            return;
+        }
+    } else {
+        ANY_ERROR.store(true, Ordering::Relaxed);
+    }
     // try_with: a call from a thread-local destructor must not abort.
     let _ = LAST_ERROR.try_with(|e| {
         let mut e = e.borrow_mut();
@@ -817,29 +829,78 @@ unsafe fn copy_string(
 struct FrameObj {
     /// The frame (its lease keeps the slot and the ring's mapping), until released.
     frame: Mutex<Option<Frame>>,
-    info: InfoCell,
-    caps: Arc<CString>,
+    /// Its caps and plane layout, shared by every frame of that caps and layout.
+    shape: Arc<Shape>,
 }
 
-/// The caps of the last frames, as a C string: made once per caps, not per frame.
-fn caps_cstring(caps: &Arc<str>) -> Arc<CString> {
-    static LAST: Mutex<Option<(Arc<str>, Arc<CString>)>> = Mutex::new(None);
-    let mut last = lock(&LAST);
-    if let Some((k, v)) = last.as_ref() {
-        if Arc::ptr_eq(k, caps) || **k == **caps {
-            return v.clone();
-        }
-    }
-    let v = Arc::new(CString::new(caps.replace('\0', " ")).unwrap_or_default());
-    *last = Some((caps.clone(), v.clone()));
-    v
-}
-
-/// The frame's description, made once at receipt.
+/// A frame's or slot's description (plain data, with pointers into a mapping).
 struct InfoCell(gpushm_frame_info);
-// SAFETY: plain data; its pointers are into the frame's mapping, only handed to the caller.
+// SAFETY: plain data; its pointers are into a mapping, only handed to the caller.
 unsafe impl Send for InfoCell {}
 unsafe impl Sync for InfoCell {}
+
+/// What frames of one caps and layout share: the caps as a C string and the checked plane
+/// layout, made once per caps and layout, not per frame (parsing the caps costs more than the
+/// rest of a frame's way through this API).
+struct Shape {
+    caps: CString,
+    /// Format, width, height and planes (their `data` NULL) of raw video; all 0 otherwise.
+    template: InfoCell,
+}
+
+/// What decides a frame's [`Shape`]: its caps and the layout fields of its descriptor.
+#[derive(PartialEq)]
+struct LayoutKey {
+    caps: Arc<str>,
+    fields: [u64; 4 + 4 * 4],
+}
+
+fn shape(f: &Frame) -> Arc<Shape> {
+    static LAST: Mutex<Option<(LayoutKey, Arc<Shape>)>> = Mutex::new(None);
+    let m = &f.meta;
+    let mut fields = [0u64; 20];
+    fields[..4].copy_from_slice(&[
+        m.video_format as u64,
+        m.width as u64,
+        m.height as u64,
+        m.n_planes as u64,
+    ]);
+    for p in 0..4 {
+        fields[4 + p * 4..8 + p * 4].copy_from_slice(&[
+            m.plane_offset[p],
+            m.plane_stride[p] as u64,
+            m.plane_rows[p] as u64,
+            m.plane_row_bytes[p] as u64,
+        ]);
+    }
+    let mut last = lock(&LAST);
+    if let Some((k, s)) = last.as_ref() {
+        if k.fields == fields && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
+            return s.clone();
+        }
+    }
+    let mut template = empty_info();
+    if let Ok(g) = FrameGeometry::of_frame(m, &f.caps) {
+        describe(
+            &mut template,
+            &g.format,
+            g.width,
+            g.height,
+            &g.planes,
+            std::ptr::null_mut(),
+        );
+    }
+    let s = Arc::new(Shape {
+        caps: CString::new(f.caps.replace('\0', " ")).unwrap_or_default(),
+        template: InfoCell(template),
+    });
+    let key = LayoutKey {
+        caps: f.caps.clone(),
+        fields,
+    };
+    *last = Some((key, s.clone()));
+    s
+}
 
 fn empty_info() -> gpushm_frame_info {
     gpushm_frame_info {
@@ -874,7 +935,15 @@ fn set_format(info: &mut gpushm_frame_info, name: &str) {
 
 impl FrameObj {
     fn new(f: Frame) -> Self {
-        let mut info = empty_info();
+        Self {
+            shape: shape(&f),
+            frame: Mutex::new(Some(f)),
+        }
+    }
+
+    /// The frame's description (made where the caller reads it, not kept per frame).
+    fn info(&self, f: &Frame) -> gpushm_frame_info {
+        let mut info = self.shape.template.0;
         let on_device = f.is_on_device();
         let (ptr, size) = f.as_ptr();
         let base = if on_device {
@@ -892,64 +961,14 @@ impl FrameObj {
         info.flags = f.meta.buffer_flags & !0xf;
         info.publish_ns = f.meta.publish_ns;
         info.on_device = on_device as c_int;
-        if let Some(g) = geometry(&f) {
-            let (format, width, height, planes) = &*g;
-            describe(&mut info, format, *width, *height, planes, base);
+        if !base.is_null() {
+            let n = info.n_planes as usize;
+            for p in &mut info.planes[..n] {
+                p.data = base.wrapping_add(p.offset as usize);
+            }
         }
-        let caps = caps_cstring(&f.caps);
-        Self {
-            frame: Mutex::new(Some(f)),
-            info: InfoCell(info),
-            caps,
-        }
+        info
     }
-}
-
-/// What decides a frame's plane layout: its caps and the layout fields of its descriptor.
-#[derive(PartialEq)]
-struct LayoutKey {
-    caps: Arc<str>,
-    fields: [u64; 4 + 4 * 4],
-}
-
-/// Shared, so that a frame of a known layout costs no copy of it.
-type Geometry = Arc<(String, u32, u32, Vec<gpushm_core::format::Plane>)>;
-
-/// The frame's layout, checked ([`FrameGeometry::of_frame`]) once per caps and layout, not
-/// per frame (parsing the caps costs more than the rest of a frame's way through this API).
-fn geometry(f: &Frame) -> Option<Geometry> {
-    static LAST: Mutex<Option<(LayoutKey, Option<Geometry>)>> = Mutex::new(None);
-    let m = &f.meta;
-    let mut fields = [0u64; 20];
-    fields[..4].copy_from_slice(&[
-        m.video_format as u64,
-        m.width as u64,
-        m.height as u64,
-        m.n_planes as u64,
-    ]);
-    for p in 0..4 {
-        fields[4 + p * 4..8 + p * 4].copy_from_slice(&[
-            m.plane_offset[p],
-            m.plane_stride[p] as u64,
-            m.plane_rows[p] as u64,
-            m.plane_row_bytes[p] as u64,
-        ]);
-    }
-    let key = LayoutKey {
-        caps: f.caps.clone(),
-        fields,
-    };
-    let mut last = lock(&LAST);
-    if let Some((k, g)) = last.as_ref() {
-        if k.fields == key.fields && (Arc::ptr_eq(&k.caps, &key.caps) || k.caps == key.caps) {
-            return g.clone();
-        }
-    }
-    let g = FrameGeometry::of_frame(m, &f.caps)
-        .ok()
-        .map(|g| Arc::new((g.format, g.width, g.height, g.planes)));
-    *last = Some((key, g.clone()));
-    g
 }
 
 fn describe(
@@ -979,20 +998,25 @@ fn describe(
     }
 }
 
-fn live_frame(frame: *const gpushm_frame) -> Result<Arc<FrameObj>, Fail> {
-    let f = get(&FRAMES, frame as _, "frame")?;
-    let state = match lock(&f.frame).as_ref() {
-        None => Err(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into())),
-        Some(h) if !h.lease.is_valid() => Err(Fail(
+/// Why `held` (a frame object's content) cannot be used, if it cannot.
+fn unusable(held: Option<&Frame>) -> Option<Fail> {
+    match held {
+        None => Some(Fail(GPUSHM_ERROR_RELEASED, "the frame was released".into())),
+        Some(h) if !h.lease.is_valid() => Some(Fail(
             GPUSHM_ERROR_REVOKED,
             format!(
                 "the producer took the frame back: {}",
                 h.lease.revoked().unwrap_or_default()
             ),
         )),
-        Some(_) => Ok(()),
-    };
-    state.map(|()| f)
+        Some(_) => None,
+    }
+}
+
+fn live_frame(frame: *const gpushm_frame) -> Result<Arc<FrameObj>, Fail> {
+    let f = get(&FRAMES, frame as _, "frame")?;
+    let why = unusable(lock(&f.frame).as_ref());
+    why.map_or(Ok(f), Err)
 }
 
 /// `*valid` is 1 while the frame is still this consumer's, 0 once the producer took it back
@@ -1025,9 +1049,15 @@ pub unsafe extern "C" fn gpushm_frame_get_info(
 ) -> gpushm_status {
     guard(|| {
         let out = out_ptr(info, "info")?;
-        let f = live_frame(frame)?;
+        let f = get(&FRAMES, frame as _, "frame")?;
+        let held = lock(&f.frame);
+        if let Some(why) = unusable(held.as_ref()) {
+            return Err(why);
+        }
+        let i = f.info(held.as_ref().expect("checked"));
+        drop(held);
         // SAFETY: checked non-NULL.
-        unsafe { out.write(f.info.0) };
+        unsafe { out.write(i) };
         Ok(GPUSHM_OK)
     })
 }
@@ -1044,7 +1074,7 @@ pub unsafe extern "C" fn gpushm_frame_get_caps(
         let f = get(&FRAMES, frame as _, "frame")?;
         // SAFETY: checked non-NULL; the string lives in the frame object, which lives until
         // its destroy call.
-        unsafe { out.write(f.caps.as_ptr()) };
+        unsafe { out.write(f.shape.caps.as_ptr()) };
         Ok(GPUSHM_OK)
     })
 }
