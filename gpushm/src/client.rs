@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
+use nix::sys::time::TimeSpec;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
@@ -269,6 +270,15 @@ pub struct ConnectOptions {
     /// [`Frame::to_vec`]). Needs the `cuda` feature. Without it, a producer with a device
     /// ring turns this consumer away, saying why.
     pub device_memory: bool,
+    /// Low-latency mode: the CPU time (a budget per frame) a waiting consumer may spend
+    /// polling the ring around the time the next frame is due, instead of sleeping on its
+    /// wake-up descriptor (zero, the default: off). The consumer learns the producer's
+    /// cadence from the frames' publish times, sleeps until a little before the next frame,
+    /// then polls for at most this long; a frame that comes earlier or later still wakes it
+    /// as without it, and a paused or stopped stream costs one budget, then nothing. Worth it
+    /// where a hop's latency matters (control loops, teleoperation): the wake-up of a sleeping
+    /// core is most of it. 100–500 µs covers the producer's jitter on most machines.
+    pub spin: Duration,
 }
 
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
@@ -290,11 +300,8 @@ impl WaitFds {
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     /// Returns also whether the socket was readable (or hung up).
     pub fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
-        let t = match timeout {
-            Some(d) => PollTimeout::try_from(d.as_millis().min(i32::MAX as u128) as i32)
-                .unwrap_or(PollTimeout::MAX),
-            None => PollTimeout::NONE,
-        };
+        // ppoll: a timeout to the µs (low-latency mode sleeps until just before a frame).
+        let t = timeout.map(|d| TimeSpec::from_duration(d.min(Duration::from_secs(1 << 31))));
         // SAFETY: the caller keeps the connection, which owns both descriptors, alive.
         let (ready, sock) = unsafe {
             (
@@ -307,7 +314,7 @@ impl WaitFds {
             PollFd::new(ready, PollFlags::POLLIN),
             PollFd::new(sock, PollFlags::POLLIN),
         ];
-        let n = match poll(&mut pfds, t) {
+        let n = match nix::poll::ppoll(&mut pfds, t, None) {
             Ok(n) => n,
             Err(nix::errno::Errno::EINTR) => return Ok((Wait::Ready, true)),
             Err(e) => return Err(Error::os("poll", e)),
@@ -351,6 +358,26 @@ pub(crate) struct Connection {
     /// The caller polls the frame-ready eventfd itself ([`Self::ready_fd`]): the producer
     /// writes it after every delivery, not only while we wait.
     always_wake: AtomicBool,
+    /// Low-latency mode's budget per frame ([`ConnectOptions::spin`]; zero: off).
+    spin: Duration,
+    /// When the next frame is due (low-latency mode).
+    cadence: crate::cadence::Cadence,
+    /// This thread's timer slack, ns (low-latency mode wakes up that much earlier).
+    slack_ns: u64,
+    /// Low-latency mode: frames that came while polling, and polls that ended without one.
+    spin_stats: SpinStats,
+}
+
+/// How a subscriber's low-latency mode ([`ConnectOptions::spin`]) fares: tune the budget by
+/// it. A frame that comes while the ring is polled saves the wake-up; a poll that ends without
+/// one cost its whole budget (the stream paused, changed its cadence, or jitters more than the
+/// budget covers).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpinStats {
+    /// Frames that came while the ring was polled.
+    pub caught: u64,
+    /// Polls that ended without a frame.
+    pub missed: u64,
 }
 
 impl Connection {
@@ -555,6 +582,14 @@ impl Connection {
             device_pending: None,
             socket_ready: true,
             always_wake: AtomicBool::new(false),
+            spin: opts.spin,
+            cadence: Default::default(),
+            slack_ns: if opts.spin.is_zero() {
+                0
+            } else {
+                crate::cadence::timer_slack_ns()
+            },
+            spin_stats: SpinStats::default(),
         };
         c.pump()?;
         Ok(c)
@@ -768,6 +803,9 @@ impl Connection {
             self.releaser
                 .ch
                 .record_latency(crate::monotonic_ns().saturating_sub(meta.publish_ns));
+            if !self.spin.is_zero() {
+                self.cadence.record(meta.publish_ns);
+            }
         }
         let find = |c: &Self| {
             c.caps
@@ -795,7 +833,89 @@ impl Connection {
     }
 
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
+    /// In low-latency mode, polls the ring around the time the next frame is due first.
     pub fn wait(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
+        if self.spin.is_zero() {
+            return self.wait_blocking(wake, timeout);
+        }
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        if let Some(r) = self.wait_spinning(wake, deadline)? {
+            return Ok(r);
+        }
+        self.wait_blocking(
+            wake,
+            deadline.map(|d| d.saturating_duration_since(Instant::now())),
+        )
+    }
+
+    /// Low-latency mode ([`ConnectOptions::spin`]): if the next frame's time is known and a
+    /// poll was not spent on it yet, sleeps (woken by a frame as usual) until a little before
+    /// it is due, then polls the ring for at most the budget. `None`: no frame came in that
+    /// time (or no poll is due): wait as usual.
+    fn wait_spinning(
+        &mut self,
+        wake: BorrowedFd<'_>,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Wait>> {
+        let Some(due) = self.cadence.take_due() else {
+            return Ok(None);
+        };
+        let half = self.spin.as_nanos() as u64 / 2;
+        let now = crate::monotonic_ns();
+        if now >= due.saturating_add(half) {
+            // Late past the window already (the stream paused, or we came late): sleep.
+            return Ok(None);
+        }
+        if self.always_wake.load(Ordering::Relaxed) {
+            // The doorbell rings for every frame (the caller polls it too): what it said of
+            // frames taken already must not end the sleep below at once.
+            self.ready.drain();
+        }
+        // Awake half the budget before the frame is due, the timer's slack allowed for.
+        let wake_at = due.saturating_sub(half + self.slack_ns);
+        if wake_at > now {
+            let mut sleep = Duration::from_nanos(wake_at - now);
+            if let Some(d) = deadline {
+                sleep = sleep.min(d.saturating_duration_since(Instant::now()));
+            }
+            match self.wait_blocking(wake, Some(sleep))? {
+                Wait::TimedOut if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Ok(Some(Wait::TimedOut))
+                }
+                Wait::TimedOut => {}
+                // A frame came early, news on the socket, or woken.
+                r => return Ok(Some(r)),
+            }
+        }
+        // Poll, the producer not asked to ring (it saves the system call too).
+        let ch = &self.releaser.ch;
+        let mut end = Instant::now() + self.spin;
+        if let Some(d) = deadline {
+            end = end.min(d);
+        }
+        loop {
+            if ch.has_delivery() {
+                self.spin_stats.caught += 1;
+                return Ok(Some(Wait::Ready));
+            }
+            if Instant::now() >= end {
+                break;
+            }
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
+        self.spin_stats.missed += 1;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Some(Wait::TimedOut));
+        }
+        Ok(None)
+    }
+
+    /// Sleeps on the descriptors until a frame may be ready, the socket has news, `wake`
+    /// fires or `timeout` ends.
+    fn wait_blocking(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
         let always = self.always_wake.load(Ordering::Relaxed);
         if !always {
             // Cleared before asking, not after waking: the system call is then off the way
@@ -826,6 +946,10 @@ impl Connection {
             self.ready.drain();
         }
         Ok(r)
+    }
+
+    pub fn spin_stats(&self) -> SpinStats {
+        self.spin_stats
     }
 
     /// The frame-ready doorbell, for the caller's own poll: from now on the producer writes
@@ -1050,6 +1174,7 @@ impl Default for ConnectOptions {
             retry: Duration::from_millis(100),
             producer_uid: None,
             device_memory: false,
+            spin: Duration::ZERO,
         }
     }
 }
@@ -1188,6 +1313,11 @@ impl Subscriber {
                 Wait::Ready => {}
             }
         }
+    }
+
+    /// How the low-latency mode fares ([`ConnectOptions::spin`]; zeros when it is off).
+    pub fn spin_stats(&self) -> SpinStats {
+        self.conn.spin_stats()
     }
 
     /// Interrupts [`Self::next_frame`] from another thread.

@@ -15,6 +15,7 @@
 //!
 //! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
 
+mod cadence;
 pub mod client;
 pub mod consumer;
 #[cfg(feature = "cuda")]

@@ -82,13 +82,16 @@ class Frame:
 class Subscriber:
     def __init__(
         self,
-        path: Union[str, PathLike],
+        path: Optional[Union[str, PathLike]] = None,
         lossless: Optional[bool] = None,
         timeout: Optional[float] = 5.0,
         name: Optional[str] = None,
         producer_uid: Optional[int] = None,
         cuda_device: int = 0,
         mode: str = "auto",
+        device_memory: bool = False,
+        stream: Optional[str] = None,
+        spin_us: int = 0,
     ) -> None: ...
     def next_frame(self, timeout: Optional[float] = -1.0) -> Frame: ...
     def __iter__(self) -> Iterator[Frame]: ...
@@ -109,13 +112,15 @@ class Slot:
 class Publisher:
     def __init__(
         self,
-        path: Union[str, PathLike],
-        format: str,
-        width: int,
-        height: int,
+        path: Optional[Union[str, PathLike]] = None,
+        format: Optional[str] = None,
+        width: Optional[int] = None,
+        height: Optional[int] = None,
         fps: Optional[float] = 30.0,
         slots: int = 8,
         perms: int = 0o600,
+        cuda_device: Optional[int] = None,
+        stream: Optional[str] = None,
     ) -> None: ...
     def acquire(self, timeout: float = 1.0) -> Slot: ...
     def publish(self, frame: Union[Slot, npt.ArrayLike], capture_ns: Optional[int] = None, timeout: float = 1.0) -> None: ...

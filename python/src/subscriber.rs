@@ -35,6 +35,12 @@ use crate::frame::Frame;
 /// `Publisher(..., cuda_device=0)`): this subscriber then maps it read-only and its frames are
 /// `on_device` (`torch.from_dlpack(frame)`, CuPy; `numpy()` refuses, `bytes(frame)` copies).
 /// Without it, a producer with a device ring turns the subscriber away, saying why.
+///
+/// `spin_us` (0, the default: off) is the low-latency mode: CPU time in µs this subscriber may
+/// spend per frame polling the ring around the time the next frame is due (learnt from the
+/// producer's cadence) instead of sleeping until the frame wakes it. It saves the wake-up of
+/// a sleeping core (tens of µs) for a bounded spin; a frame earlier or later than expected
+/// still wakes it, and a paused producer costs one budget, then nothing.
 #[pyclass(module = "gpushm", name = "Subscriber", frozen)]
 pub struct Subscriber {
     inner: Mutex<Option<CoreSubscriber>>,
@@ -89,7 +95,7 @@ impl Subscriber {
 #[pymethods]
 impl Subscriber {
     #[new]
-    #[pyo3(signature = (path=None, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto", device_memory=false, stream=None))]
+    #[pyo3(signature = (path=None, lossless=None, timeout=Some(5.0), name=None, producer_uid=None, cuda_device=0, mode="auto", device_memory=false, stream=None, spin_us=0))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -102,6 +108,7 @@ impl Subscriber {
         mode: &str,
         device_memory: bool,
         stream: Option<String>,
+        spin_us: u32,
     ) -> PyResult<Self> {
         let endpoint = crate::errors::endpoint(path, stream)?;
         let timeout = secs(timeout)?;
@@ -119,6 +126,7 @@ impl Subscriber {
             timeout: timeout.unwrap_or(Duration::MAX),
             producer_uid,
             device_memory,
+            spin: Duration::from_micros(spin_us.into()),
             ..Default::default()
         };
         if let Some(n) = name {

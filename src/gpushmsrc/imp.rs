@@ -22,6 +22,13 @@
  * stream or other consumers. A blocked downstream delays only this source's own queue
  * (`max-size-buffers`, `max-size-bytes`, `max-size-time`).
  *
+ * Low-latency mode (`spin-us`, 0 = off): most of a hop's latency is the sleeping core waking
+ * up when the frame lands. With a budget set, the source learns the producer's cadence from
+ * the frames' publish times, sleeps until a little before the next frame is due, and polls
+ * the ring for at most `spin-us` µs a frame before going back to sleep on its wake-up
+ * descriptor. A frame earlier or later than expected wakes it as without the mode; a paused
+ * or stopped producer costs one budget, then nothing.
+ *
  * Caps come from the producer: no caps are needed on the command line, and the source
  * renegotiates when the producer's caps change. Timestamps are the producer's, mapped onto
  * this pipeline's running time by the gpushm crate's one mapping (its `time` module): shifted
@@ -85,6 +92,9 @@ const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
 /// be pushed.
 const ANSWERED_LATENCY: u64 = 5_000_000;
 
+/// The largest `spin-us`: 100 ms of polling per frame.
+const MAX_SPIN_US: u32 = 100_000;
+
 #[derive(Debug, Clone)]
 struct Settings {
     socket_path: Option<PathBuf>,
@@ -99,6 +109,7 @@ struct Settings {
     max_size_bytes: u64,
     max_size_time: u64,
     producer_uid: i64,
+    spin_us: u32,
 }
 
 impl Default for Settings {
@@ -116,6 +127,7 @@ impl Default for Settings {
             max_size_bytes: DEFAULT_MAX_SIZE_BYTES,
             max_size_time: DEFAULT_MAX_SIZE_TIME,
             producer_uid: DEFAULT_PRODUCER_UID,
+            spin_us: 0,
         }
     }
 }
@@ -726,6 +738,13 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(DEFAULT_PRODUCER_UID)
                     .mutable_ready()
                     .build(),
+                glib::ParamSpecUInt::builder("spin-us")
+                    .nick("Low-latency poll budget")
+                    .blurb("Low-latency mode (0 = off): CPU time in microseconds this source may spend per frame polling the ring around the time the next frame is due (learnt from the producer's cadence), instead of sleeping until the frame wakes it. Saves the wake-up of a sleeping core (tens of µs) for a little CPU (the budget at most per frame); a frame earlier or later than expected still wakes the source as with 0, and a paused stream costs nothing. 100-500 suits most machines")
+                    .maximum(MAX_SPIN_US)
+                    .default_value(0)
+                    .mutable_ready()
+                    .build(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
                     .blurb("Frames this consumer did not get: taken back by the producer because it fell behind (leaky), skipped while it was lagging (lossless, past max-wait), or dropped from its own queue past max-size-* (leaky)")
@@ -739,6 +758,16 @@ impl ObjectImpl for GpuShmSrc {
                 glib::ParamSpecUInt64::builder("frames-skipped")
                     .nick("Frames skipped")
                     .blurb("Buffers of an encoded stream skipped while waiting for a keyframe (DELTA_UNIT buffers after joining mid-stream or after frames were dropped), so that decoders start clean")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("spin-caught")
+                    .nick("Frames caught polling")
+                    .blurb("Low-latency mode (spin-us): frames that came while the ring was polled, each saving a wake-up")
+                    .read_only()
+                    .build(),
+                glib::ParamSpecUInt64::builder("spin-missed")
+                    .nick("Polls missed")
+                    .blurb("Low-latency mode (spin-us): polls that ended without a frame, each costing its whole budget (the producer paused, changed its pace, or jitters more than spin-us covers: raise it if this grows with every frame)")
                     .read_only()
                     .build(),
                 glib::ParamSpecBoolean::builder("producer-live")
@@ -778,6 +807,7 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-bytes" => s.max_size_bytes = value.get().expect("type checked"),
             "max-size-time" => s.max_size_time = value.get().expect("type checked"),
             "producer-uid" => s.producer_uid = value.get().expect("type checked"),
+            "spin-us" => s.spin_us = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -802,7 +832,16 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-bytes" => self.settings().max_size_bytes.to_value(),
             "max-size-time" => self.settings().max_size_time.to_value(),
             "producer-uid" => self.settings().producer_uid.to_value(),
+            "spin-us" => self.settings().spin_us.to_value(),
             "frames-dropped" => self.shared().map_or(0u64, |s| s.dropped()).to_value(),
+            "spin-caught" => self
+                .shared()
+                .map_or(0u64, |s| s.spin_caught.load(Ordering::Relaxed))
+                .to_value(),
+            "spin-missed" => self
+                .shared()
+                .map_or(0u64, |s| s.spin_missed.load(Ordering::Relaxed))
+                .to_value(),
             "frames-copied" => self
                 .shared()
                 .map_or(0u64, |s| s.copied.load(Ordering::Relaxed))
@@ -919,6 +958,7 @@ impl BaseSrcImpl for GpuShmSrc {
             // A producer's device ring (frames in GPU memory) is mapped, and each frame copied
             // to system memory for downstream.
             device_memory: true,
+            spin: Duration::from_micros(s.spin_us.into()),
         };
         // Connecting (and waiting for a producer) happens in the receiver thread: a pipeline
         // can be stopped while it waits.

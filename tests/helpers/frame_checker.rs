@@ -326,6 +326,10 @@ fn main() {
         .and_then(|b| b.pop_filtered(&[gst::MessageType::Error]));
     let dropped = src.property::<u64>("frames-dropped");
     let copied = src.property::<u64>("frames-copied");
+    let (spin_caught, spin_missed) = (
+        src.property::<u64>("spin-caught"),
+        src.property::<u64>("spin-missed"),
+    );
     let mut q = gst::query::Latency::new();
     let src_latency = if src.query(&mut q) {
         q.result().1.nseconds() as i64
@@ -346,7 +350,7 @@ fn main() {
         0.0
     };
     println!(
-        "SUMMARY frames={n_frames} bad={bad} pts_errors={pts_errors} gaps={gaps} dropped={dropped} copied={copied} src_latency_ns={src_latency} first={} last={} fps={fps:.1} latency_p50_us={:.1} latency_p99_us={:.1} latency_max_us={:.1}",
+        "SUMMARY frames={n_frames} bad={bad} pts_errors={pts_errors} gaps={gaps} dropped={dropped} copied={copied} spin_caught={spin_caught} spin_missed={spin_missed} src_latency_ns={src_latency} first={} last={} fps={fps:.1} latency_p50_us={:.1} latency_p99_us={:.1} latency_max_us={:.1}",
         first.map_or(-1, |f| f.0 as i64),
         last_n.map_or(-1, |l| l as i64),
         percentile(&lat, 0.5) as f64 / 1e3,

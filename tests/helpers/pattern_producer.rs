@@ -12,7 +12,9 @@
 //! the sink's copy path), --wait (wait for a consumer before the first frame), --slots 8,
 //! --seed (every plane holds the bytes 1, 2, ..., 16, 1, 2, ... in raster order, as in the
 //! seed prototype: a 4x4 GRAY8 frame sums to 136), --realtime-clock (the pipeline runs on
-//! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC).
+//! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC), --schedule "30x30,5x10,p3000,60x60"
+//! (a live producer whose cadence changes: N frames at FPS for each FPSxN, a pause of MS ms
+//! for each pMS; replaces --frames and --fps).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..`
 //! at the end.
@@ -32,6 +34,8 @@ struct Args {
     slots: u32,
     seed: bool,
     realtime_clock: bool,
+    /// Each frame's PTS (from the first frame's) and duration, ns: --schedule.
+    schedule: Option<Vec<(u64, u64)>>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -48,6 +52,7 @@ fn parse() -> Result<Args, String> {
         slots: 8,
         seed: false,
         realtime_clock: false,
+        schedule: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -65,6 +70,36 @@ fn parse() -> Result<Args, String> {
             "--wait" => a.wait = true,
             "--seed" => a.seed = true,
             "--realtime-clock" => a.realtime_clock = true,
+            "--schedule" => {
+                let spec = v()?;
+                let mut frames = Vec::new();
+                let mut t = 0u64;
+                let mut top = 0;
+                for part in spec.split(',') {
+                    if let Some(ms) = part.strip_prefix('p') {
+                        t += ms.parse::<u64>().map_err(|e| format!("--schedule {part}: {e}"))?
+                            * 1_000_000;
+                        continue;
+                    }
+                    let (fps, n) = part
+                        .split_once('x')
+                        .ok_or(format!("--schedule: {part} is not FPSxN or pMS"))?;
+                    let fps: u64 = fps.parse().map_err(|e| format!("--schedule {part}: {e}"))?;
+                    let n: u64 = n.parse().map_err(|e| format!("--schedule {part}: {e}"))?;
+                    if fps == 0 {
+                        return Err(format!("--schedule {part}: fps 0"));
+                    }
+                    top = top.max(fps);
+                    let d = 1_000_000_000 / fps;
+                    for _ in 0..n {
+                        frames.push((t, d));
+                        t += d;
+                    }
+                }
+                a.frames = frames.len() as u64;
+                a.fps = top as u32;
+                a.schedule = Some(frames);
+            }
             _ => return Err(format!("unknown option {k}")),
         }
     }
@@ -175,8 +210,17 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         };
         {
             let b = buf.get_mut().ok_or("buffer not writable")?;
-            b.set_pts(t0 + dur * n);
-            b.set_duration(dur);
+            match &a.schedule {
+                Some(s) => {
+                    let (at, d) = s[n as usize];
+                    b.set_pts(t0 + gst::ClockTime::from_nseconds(at));
+                    b.set_duration(gst::ClockTime::from_nseconds(d));
+                }
+                None => {
+                    b.set_pts(t0 + dur * n);
+                    b.set_duration(dur);
+                }
+            }
             b.set_offset(n);
             b.set_offset_end(n + 1);
             let mut frame = gst_video::VideoFrameRef::from_buffer_ref_writable(b, &info)?;

@@ -26,6 +26,15 @@ impl Worker {
                 self.shared
                     .producer_dropped
                     .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
+                if !self.cfg.opts.spin.is_zero() {
+                    let s = conn.spin_stats();
+                    self.shared
+                        .spin_caught
+                        .store(self.spin_base.caught + s.caught, Ordering::Relaxed);
+                    self.shared
+                        .spin_missed
+                        .store(self.spin_base.missed + s.missed, Ordering::Relaxed);
+                }
                 if let Some(c) = conn.caps() {
                     // Our copy first: the shared one's lock only when the caps changed.
                     if self
@@ -99,6 +108,9 @@ impl Worker {
         self.next_slot.clear();
         self.prev_slot = None;
         self.dropped_base += conn.dropped();
+        let s = conn.spin_stats();
+        self.spin_base.caught += s.caught;
+        self.spin_base.missed += s.missed;
         drop(conn);
         if let Some(el) = self.element.upgrade() {
             gst::element_warning!(

@@ -205,6 +205,10 @@ pub(super) struct Shared {
     pub copied: AtomicU64,
     /// Frames of an encoded stream skipped while waiting for a keyframe.
     pub skipped: AtomicU64,
+    /// Low-latency mode: frames that came while the ring was polled, and polls that ended
+    /// without one (over every connection).
+    pub spin_caught: AtomicU64,
+    pub spin_missed: AtomicU64,
     /// Frames were dropped from our queue: the keyframe gate closes again.
     regate: AtomicBool,
     pub received: AtomicU64,
@@ -623,6 +627,7 @@ impl Receiver {
             discont: true,
             dropped_seen: 0,
             dropped_base: 0,
+            spin_base: Default::default(),
             copy_warned: false,
             gave_up_waiting: false,
             writable_refusal_warned: false,
@@ -704,6 +709,8 @@ struct Worker {
     discont: bool,
     dropped_seen: u64,
     dropped_base: u64,
+    /// The low-latency mode's figures of earlier connections.
+    spin_base: crate::ring::client::SpinStats,
     copy_warned: bool,
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,

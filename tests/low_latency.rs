@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The low-latency mode (`spin-us` on gpushmsrc, `ConnectOptions::spin`, Python's `spin_us`,
+//! the C options' `spin_us`), with real producer processes whose cadence changes: every frame
+//! arrives, complete and in order, through cadence changes, a pause of seconds and the end of
+//! the stream, and a paused stream costs the consumer (almost) nothing. Not timed: latency is
+//! measured by `bench latency`.
+
+mod common;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+/// 30 frames at 30 fps, 10 at 5 fps, 3 s of nothing, 60 at 60 fps, then EOS.
+const SCHEDULE: &str = "30x30,5x10,p3000,60x60";
+const FRAMES: u64 = 100;
+
+/// Real-time pipelines: one at a time on a 2-core machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn producer(sock: &std::path::Path) -> Proc {
+    let mut c = example("pattern_producer");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--format",
+        "GRAY8",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--wait",
+        "--schedule",
+        SCHEDULE,
+    ]);
+    let p = Proc::spawn(c, "pattern_producer");
+    wait_for_path(sock, Duration::from_secs(20));
+    p
+}
+
+/// CPU time (user + system) of process `pid` so far, from /proc (clock ticks of 10 ms).
+fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().expect("a number"))
+        .collect();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as u64;
+    Duration::from_nanos((f[0] + f[1]) * 1_000_000_000 / hz)
+}
+
+fn thread_cpu() -> Duration {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .expect("CLOCK_THREAD_CPUTIME_ID");
+    Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32)
+}
+
+/// The Rust subscriber with a 2 ms budget: the frames' offsets are 0..100 in order (none lost
+/// or repeated), the 3 s pause costs its thread under 50 ms of CPU (a poll that did not stop
+/// at its budget would cost 3 s), frames are caught while polling (the mode works: without it
+/// none are), and the ring is polled once per frame at most.
+#[test]
+fn subscriber_spin_follows_cadence_changes_and_a_pause_and_idles_for_free() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("spin.sock");
+    let p = producer(&sock);
+    let opts = gpushm::client::ConnectOptions {
+        mode: gpushm::client::Delivery::Lossless,
+        timeout: Duration::from_secs(20),
+        spin: Duration::from_millis(2),
+        ..Default::default()
+    };
+    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    // (offset, arrival, this thread's CPU time at arrival)
+    let mut got = Vec::new();
+    let start = Instant::now();
+    loop {
+        match sub.next_frame(Some(Duration::from_secs(10))) {
+            Ok(Some(f)) => {
+                assert_eq!(f.as_ptr().1, 64 * 48, "a whole frame");
+                got.push((f.meta.offset, Instant::now(), thread_cpu()));
+            }
+            Ok(None) => break,
+            Err(e) => panic!("after {} frames: {e}", got.len()),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the stream did not end"
+        );
+    }
+    let (status, out) = p.finish(Duration::from_secs(20));
+    assert!(status.success(), "producer: {out:?}");
+    let offsets: Vec<u64> = got.iter().map(|g| g.0).collect();
+    assert_eq!(offsets, (0..FRAMES).collect::<Vec<_>>(), "every frame, in order");
+    // The pause: the longest gap between two frames.
+    let (gap, cpu) = got
+        .windows(2)
+        .map(|w| (w[1].1 - w[0].1, w[1].2.saturating_sub(w[0].2)))
+        .max_by_key(|g| g.0)
+        .unwrap();
+    let stats = sub.spin_stats();
+    eprintln!("pause {gap:?} cost {cpu:?} of CPU; spin stats {stats:?}");
+    assert!(gap > Duration::from_secs(2), "the pause is there: {gap:?}");
+    assert!(
+        cpu < Duration::from_millis(50),
+        "a paused stream cost {cpu:?} of CPU over {gap:?}"
+    );
+    assert!(
+        stats.caught >= FRAMES / 10,
+        "frames caught while polling: {stats:?}"
+    );
+    assert!(
+        stats.caught + stats.missed <= FRAMES + 1,
+        "one poll a frame at most: {stats:?}"
+    );
+}
+
+/// gpushmsrc spin-us=2000 (lossless, through frame_checker): all 100 frames, every byte as
+/// the producer drew it, PTS in order and no gap, the consumer process spends under 10 % of a
+/// core over 2 s of the producer's pause, and its `spin-caught` / `spin-missed` say the mode
+/// caught frames while polling, once per frame at most.
+#[test]
+fn gpushmsrc_spin_us_delivers_every_frame_and_idles_for_free() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("spinsrc.sock");
+    let mut p = producer(&sock);
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--expect",
+        &FRAMES.to_string(),
+        "--src-props",
+        "spin-us=2000",
+    ]);
+    let checker = Proc::spawn(c, "frame_checker");
+    p.wait_line("CONNECTED", Duration::from_secs(20));
+    let first = Instant::now();
+    // 40 frames take 3 s; the pause runs to 6 s.
+    std::thread::sleep(Duration::from_millis(3600).saturating_sub(first.elapsed()));
+    let pid = checker.child.id();
+    let cpu0 = process_cpu(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let paused_cpu = process_cpu(pid).saturating_sub(cpu0);
+    let (status, out) = checker.finish(Duration::from_secs(30));
+    let (ps, pout) = p.finish(Duration::from_secs(20));
+    eprintln!("consumer CPU over 2 s of pause: {paused_cpu:?}");
+    assert!(ps.success(), "producer: {pout:?}");
+    assert!(status.success(), "checker: {out:?}");
+    let f = fields(&out, "SUMMARY ");
+    assert_eq!(num(&f, "frames"), FRAMES as f64, "{out:?}");
+    for k in ["bad", "gaps", "pts_errors", "dropped"] {
+        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
+    }
+    assert!(
+        paused_cpu < Duration::from_millis(200),
+        "gpushmsrc spent {paused_cpu:?} of CPU over 2 s of pause"
+    );
+    // The mode is on: frames are caught while polling (none without it), and misses are few.
+    let (caught, missed) = (num(&f, "spin_caught"), num(&f, "spin_missed"));
+    assert!(caught >= (FRAMES / 10) as f64, "{out:?}");
+    assert!(caught + missed <= (FRAMES + 1) as f64, "one poll a frame at most: {out:?}");
+}
