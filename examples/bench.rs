@@ -20,7 +20,10 @@
 //! The same binary is the producer (`bench produce ...`) and the consumer (`bench consume ...`).
 //! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny` (64x64 GRAY8
 //! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer),
-//! `bench latency --runs 7` (latency only, rounds alternating the transports, with medians),
+//! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
+//! gpushm in low-latency mode (gpushmsrc spin-us) and shm, with medians, CPU share of each
+//! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
+//! producer and the consumer, end to end),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
 //! `bench capi` (the C API's consumer against the Rust subscriber and gpushmsrc),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
@@ -393,7 +396,7 @@ fn consume(args: &[String]) -> Result<(), String> {
         ""
     };
     let src = match transport.as_str() {
-        "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false"),
+        "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false spin-us={}", spin_us()),
         "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format={format},width={w},height={h},framerate=30/1"),
         _ => format!("unixfdsrc name=src socket-path={socket}"),
     };
@@ -438,9 +441,17 @@ fn consume(args: &[String]) -> Result<(), String> {
                 gst::PadProbeReturn::Ok
             });
     }
+    // gpushmsrc's low-latency figures, read at the last frame (they go with the source's
+    // state when it stops).
+    let spin = Arc::new(Mutex::new((0u64, 0u64)));
     {
         let done = done.clone();
         let weak = pipeline.downgrade();
+        let spin = spin.clone();
+        let src = bin
+            .by_name("src")
+            .filter(|s| s.find_property("spin-caught").is_some())
+            .map(|s| s.downgrade());
         bin.by_name("sink")
             .ok_or("no sink")?
             .static_pad("sink")
@@ -455,6 +466,12 @@ fn consume(args: &[String]) -> Result<(), String> {
                 g.1 = t;
                 g.2 += 1;
                 if g.2 == frames {
+                    if let Some(s) = src.as_ref().and_then(|s| s.upgrade()) {
+                        *spin.lock().unwrap() = (
+                            s.property::<u64>("spin-caught"),
+                            s.property::<u64>("spin-missed"),
+                        );
+                    }
                     if let Some(p) = weak.upgrade() {
                         let _ = p.post_message(gst::message::Eos::new());
                     }
@@ -500,8 +517,9 @@ fn consume(args: &[String]) -> Result<(), String> {
     } else {
         0.0
     };
+    let (caught, missed) = *spin.lock().unwrap();
     println!(
-        "CONSUMER frames={count} fps={fps:.1} p50_us={:.1} producer_p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} rss_kib={rss} gbps={:.1}",
+        "CONSUMER frames={count} fps={fps:.1} p50_us={:.1} producer_p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} rss_kib={rss} gbps={:.1} spin_caught={caught} spin_missed={missed}",
         percentile(&l, 0.5) as f64 / 1e3,
         percentile(&producer_part, 0.5) as f64 / 1e3,
         percentile(&l, 0.99) as f64 / 1e3,
@@ -603,6 +621,8 @@ fn f(m: &Option<Fields>, k: &str) -> f64 {
 struct Run {
     producer: Option<Fields>,
     consumer: Option<Fields>,
+    /// The relays of `--chain`, in order.
+    relays: Vec<Option<Fields>>,
 }
 
 /// One producer process and (unless `transport` is "none") one consumer process, NV12.
@@ -630,14 +650,14 @@ fn run_format(
         "sub" | "capi" => "gpushm",
         t => t,
     };
-    let common = |role: &str| {
+    let common = |role: &str, socket: &str| {
         let mut c = Command::new(&exe);
         let t = if role == "produce" {
             producer_transport
         } else {
             transport
         };
-        c.args([role, "--transport", t, "--socket", &sock_s]);
+        c.args([role, "--transport", t, "--socket", socket]);
         c.args([
             "--width",
             &w.to_string(),
@@ -651,7 +671,7 @@ fn run_format(
         c.stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     };
-    let mut p = common("produce");
+    let mut p = common("produce", &sock_s);
     p.args(["--fps", &fps.to_string()]);
     if std::env::var_os("GPUSHM_BENCH_PRERENDERED").is_some() {
         p.arg("--prerendered");
@@ -659,38 +679,86 @@ fn run_format(
     if copy {
         p.arg("--copy");
     }
-    let producer = p.spawn().expect("spawn producer");
-    let consumer = (transport != "none").then(|| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !sock.exists() && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    // --chain: relays in a line between the producer and the consumer, which reads the last
+    // relay. Started from the consumer's end, each waiting for its input to appear, so that
+    // the whole line is connected before the producer's first frame (a relay that queued
+    // frames while waiting for its consumer would add that backlog to every frame).
+    let relays_n = if transport == "gpushm" {
+        chain_len()
+    } else {
+        0
+    };
+    let socks: Vec<String> = std::iter::once(sock_s.clone())
+        .chain((0..relays_n).map(|i| {
+            dir.path()
+                .join(format!("relay{i}.sock"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        }))
+        .collect();
+    let last = socks.last().unwrap().clone();
+    let spawn_consumer = || {
         let mut c = if transport == "capi" {
             let mut c = Command::new(c_consumer());
-            c.args([&sock_s, &frames.to_string()]);
+            c.args([&last, &frames.to_string()]);
             c.stdout(Stdio::piped()).stderr(Stdio::piped());
             c
         } else {
-            common("consume")
+            // The last relay's socket (the producer's without relays).
+            common("consume", &last)
         };
         if cudasum {
             c.arg("--cudasum");
         }
         c.spawn()
             .expect("spawn consumer (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench)")
-    });
+    };
+    let mut relays = Vec::new();
+    let (producer, consumer) = if relays_n > 0 {
+        let consumer = spawn_consumer();
+        for i in (0..relays_n as usize).rev() {
+            relays.push(
+                Command::new(&exe)
+                    .args(["relay", "--in", &socks[i], "--out", &socks[i + 1]])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn relay"),
+            );
+        }
+        relays.reverse();
+        (p.spawn().expect("spawn producer"), Some(consumer))
+    } else {
+        let producer = p.spawn().expect("spawn producer");
+        let consumer = (transport != "none").then(|| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !sock.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            spawn_consumer()
+        });
+        (producer, consumer)
+    };
     // shmsink/shmsrc can deadlock (see tiny_frames): give up on both after the pipelines'
     // own timeout, and kill them if they do not end by themselves.
     let deadline = std::time::Instant::now() + Duration::from_secs(timeout_s() + 15);
     let cout = consumer.map(|c| finish(c, deadline));
     let pout = finish(producer, deadline);
+    let rout: Vec<_> = relays.into_iter().map(|r| finish(r, deadline)).collect();
     let show = |o: &std::process::Output| {
         String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
     };
     let run = Run {
         producer: parse(&show(&pout), "PRODUCER "),
         consumer: cout.as_ref().and_then(|o| parse(&show(o), "CONSUMER ")),
+        relays: rout.iter().map(|o| parse(&show(o), "RELAY ")).collect(),
     };
+    for (i, o) in rout.iter().enumerate() {
+        if run.relays[i].is_none() {
+            eprintln!("bench: relay {i} failed:\n{}", show(o));
+        }
+    }
     if run.producer.is_none() || (transport != "none" && run.consumer.is_none()) {
         eprintln!(
             "bench: {transport} {w}x{h} failed:\n{}\n{}",
@@ -699,6 +767,82 @@ fn run_format(
         );
     }
     run
+}
+
+/// The consumers' and relays' low-latency budget (`GPUSHM_BENCH_SPIN_US`, µs; 0: off).
+fn spin_us() -> u64 {
+    std::env::var("GPUSHM_BENCH_SPIN_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Relays (`gpushmsrc ! gpushmsink` processes) between a gpushm producer and its consumer
+/// (`GPUSHM_BENCH_CHAIN`; 0: none).
+fn chain_len() -> u64 {
+    std::env::var("GPUSHM_BENCH_CHAIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A relay of `--chain`: `gpushmsrc ! gpushmsink`, from `--in` to `--out`, with the
+/// consumers' budget; prints its CPU time per frame.
+fn relay(args: &[String]) -> Result<(), String> {
+    let from = arg(args, "--in").unwrap_or_default();
+    let to = arg(args, "--out").unwrap_or_default();
+    let launch = format!(
+        "gpushmsrc name=src socket-path={from} lossless=true reconnect=false spin-us={} \
+         ! gpushmsink name=sink socket-path={to} wait-for-connection=true sync=false",
+        spin_us()
+    );
+    let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
+    let bin = pipeline
+        .clone()
+        .downcast::<gst::Bin>()
+        .map_err(|_| "not a bin")?;
+    // Done when the consumer leaves (the sink would wait for another one).
+    let weak = pipeline.downgrade();
+    bin.by_name("sink")
+        .ok_or("no sink")?
+        .connect("client-disconnected", false, move |_| {
+            if let Some(p) = weak.upgrade() {
+                let _ = p.post_message(gst::message::Eos::new());
+            }
+            None
+        });
+    // first, count, CPU time at the first frame
+    let seen = Arc::new(Mutex::new((0u64, 0u64, 0u64)));
+    {
+        let seen = seen.clone();
+        bin.by_name("sink")
+            .ok_or("no sink")?
+            .static_pad("sink")
+            .ok_or("no pad")?
+            .add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+                let mut g = seen.lock().unwrap();
+                if g.1 == 0 {
+                    g.0 = now();
+                    g.2 = rusage().0;
+                }
+                g.1 += 1;
+                gst::PadProbeReturn::Ok
+            });
+    }
+    run_pipeline(&pipeline, Duration::from_secs(timeout_s()))?;
+    let (first, count, cpu0) = *seen.lock().unwrap();
+    let cpu = rusage().0.saturating_sub(cpu0);
+    let secs = now().saturating_sub(first) as f64 / 1e9;
+    println!(
+        "RELAY frames={count} cpu_us_per_frame={:.1} cpu_percent={:.2}",
+        cpu as f64 / count.saturating_sub(1).max(1) as f64,
+        if secs > 0.0 {
+            cpu as f64 / 1e4 / secs
+        } else {
+            f64::NAN
+        }
+    );
+    Ok(())
 }
 
 /// How long each pipeline of a run may take (`GPUSHM_BENCH_TIMEOUT`, seconds; 120).
@@ -939,9 +1083,9 @@ fn orchestrate(plot_path: &str) {
 /// goes first alternating from round to round; with more than one round it prints the
 /// medians and in how many rounds gpushm's p50 was the lower, because single runs on these
 /// machines differ by 5-15 µs.
-fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64) {
-    let median = |v: &mut Vec<f64>| -> f64 {
-        v.retain(|x| x.is_finite());
+fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: u64) {
+    let median = |v: &[f64]| -> f64 {
+        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
         match v.len() {
             0 => f64::NAN,
@@ -949,12 +1093,30 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64) {
             n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         }
     };
+    // (label, transport, spin-us, relays)
+    let mut modes: Vec<(String, &str, u64, u64)> = vec![
+        ("gpushm".into(), "gpushm", 0, 0),
+        (format!("gpushm spin-us={spin}"), "gpushm", spin, 0),
+        ("shm".into(), "shm", 0, 0),
+    ];
+    if chain > 0 {
+        modes.push((format!("gpushm, {chain} relays"), "gpushm", 0, chain));
+        modes.push((
+            format!("gpushm spin-us={spin}, {chain} relays"),
+            "gpushm",
+            spin,
+            chain,
+        ));
+    }
     let mut summary = Vec::new();
     for &(w, h) in sizes {
         println!("\n## Latency {w}x{h} NV12, 30 fps live, pool mode, {runs} round(s) of {frames} frames\n");
-        // Per transport: p50s, consumer CPU µs/frame; floors; rounds gpushm was lower.
-        let (mut p50, mut cpu) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
-        let (mut floors, mut lower) = (Vec::new(), 0);
+        // Per mode and round: p50, p99, producer part, CPU % of a core (producer, relays,
+        // consumer).
+        let n = modes.len();
+        let (mut p50, mut p99, mut part) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
+        let (mut pcpu, mut rcpu, mut ccpu) = (vec![vec![]; n], vec![vec![]; n], vec![vec![]; n]);
+        let mut floors = Vec::new();
         for round in 0..runs {
             let fl = floor(30, frames);
             floors.push(f(&fl, "p50_us"));
@@ -964,49 +1126,76 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64) {
                 f(&fl, "p50_us"),
                 f(&fl, "p99_us")
             );
-            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            // Alternating: odd rounds run the modes backwards.
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..n).collect()
+            } else {
+                (0..n).rev().collect()
+            };
             for i in order {
-                let t = ["gpushm", "shm"][i];
+                let (label, t, spin, relays) = &modes[i];
+                std::env::set_var("GPUSHM_BENCH_SPIN_US", spin.to_string());
+                std::env::set_var("GPUSHM_BENCH_CHAIN", relays.to_string());
                 let lat = run(t, w, h, frames, 30, false, false);
-                p50[i].push(f(&lat.consumer, "p50_us"));
-                cpu[i].push(f(&lat.consumer, "cpu_us_per_frame"));
-                let stamp = if i == 0 {
-                    format!(
-                        "; stamp to publish {:.1}",
-                        f(&lat.consumer, "producer_p50_us")
-                    )
+                std::env::remove_var("GPUSHM_BENCH_SPIN_US");
+                std::env::remove_var("GPUSHM_BENCH_CHAIN");
+                let c = &lat.consumer;
+                // CPU time per frame times the frame rate: the share of a core.
+                let share = |m: &Option<Fields>| f(m, "cpu_us_per_frame") * 30.0 / 1e4;
+                let relay_cpu: f64 = lat.relays.iter().map(share).sum();
+                p50[i].push(f(c, "p50_us"));
+                p99[i].push(f(c, "p99_us"));
+                part[i].push(f(c, "producer_p50_us"));
+                pcpu[i].push(share(&lat.producer));
+                rcpu[i].push(relay_cpu);
+                ccpu[i].push(share(c));
+                let stamp = if *t == "gpushm" {
+                    format!("; stamp to publish {:.1}", f(c, "producer_p50_us"))
+                } else {
+                    String::new()
+                };
+                let relays_cpu = if *relays > 0 {
+                    format!(", relays {relay_cpu:.2} %")
                 } else {
                     String::new()
                 };
                 println!(
-                    "  {t}: p50 {:.1} µs (floor +{:.1}{stamp}), p99 {:.1} µs, consumer CPU {:.1} µs/frame",
-                    f(&lat.consumer, "p50_us"),
-                    f(&lat.consumer, "p50_us") - f(&fl, "p50_us"),
-                    f(&lat.consumer, "p99_us"),
-                    f(&lat.consumer, "cpu_us_per_frame"),
+                    "  {label}: p50 {:.1} µs (floor +{:.1}{stamp}), p99 {:.1} µs; CPU of a core: producer {:.2} %{relays_cpu}, consumer {:.2} %",
+                    f(c, "p50_us"),
+                    f(c, "p50_us") - f(&fl, "p50_us"),
+                    f(c, "p99_us"),
+                    share(&lat.producer),
+                    share(c),
                 );
             }
-            let (g, s) = (p50[0][round as usize], p50[1][round as usize]);
-            if g < s {
-                lower += 1;
-            }
         }
-        let fl = median(&mut floors);
-        let [g, s] = [median(&mut p50[0]), median(&mut p50[1])];
-        let [gc, sc] = [median(&mut cpu[0]), median(&mut cpu[1])];
-        summary.push(format!(
-            "| {w}x{h} | {runs} | {fl:.1} | {g:.1} / {s:.1} | {:+.1} / {:+.1} | {lower} of {runs} | {gc:.0} / {sc:.0} |",
-            g - fl,
-            s - fl
-        ));
+        let fl = median(&floors);
+        for (i, (label, t, _, relays)) in modes.iter().enumerate() {
+            let m = median(&p50[i]);
+            summary.push(format!(
+                "| {w}x{h} | {label} | {fl:.1} | {m:.1} | {:.1} | {:+.1} | {} | {:.2} / {} / {:.2} |",
+                median(&p99[i]),
+                m - fl,
+                if *t == "gpushm" {
+                    format!("{:.1}", median(&part[i]))
+                } else {
+                    "".into()
+                },
+                median(&pcpu[i]),
+                if *relays > 0 {
+                    format!("{:.2}", median(&rcpu[i]))
+                } else {
+                    "".into()
+                },
+                median(&ccpu[i]),
+            ));
+        }
     }
-    if runs > 1 {
-        println!("\n## Latency, medians over the rounds\n");
-        println!("| size | rounds | floor p50 µs | p50 µs gpushm / shm | above the floor gpushm / shm | gpushm lower in | consumer CPU µs/frame gpushm / shm |");
-        println!("|---|---|---|---|---|---|---|");
-        for line in summary {
-            println!("{line}");
-        }
+    println!("\n## Latency, medians over {runs} round(s)\n");
+    println!("| size | mode | floor p50 µs | p50 µs | p99 µs | p50 above the floor | stamp to publish p50 µs | CPU % of a core: producer / relays / consumer |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for line in summary {
+        println!("{line}");
     }
 }
 
@@ -1370,6 +1559,7 @@ fn main() {
         Some("produce") => produce(&args),
         Some("consume") => consume(&args),
         Some("floor-wait") => floor_wait(&args),
+        Some("relay") => relay(&args),
         Some("flood") => flood(&args),
         Some("capi") => {
             capi_mode(&args);
@@ -1396,6 +1586,8 @@ fn main() {
                 &sizes,
                 num(&args, "--frames", 300),
                 num(&args, "--runs", 1).max(1),
+                num(&args, "--spin-us", 300),
+                num(&args, "--chain", 0),
             );
             Ok(())
         }

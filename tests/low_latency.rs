@@ -102,7 +102,11 @@ fn subscriber_spin_follows_cadence_changes_and_a_pause_and_idles_for_free() {
     let (status, out) = p.finish(Duration::from_secs(20));
     assert!(status.success(), "producer: {out:?}");
     let offsets: Vec<u64> = got.iter().map(|g| g.0).collect();
-    assert_eq!(offsets, (0..FRAMES).collect::<Vec<_>>(), "every frame, in order");
+    assert_eq!(
+        offsets,
+        (0..FRAMES).collect::<Vec<_>>(),
+        "every frame, in order"
+    );
     // The pause: the longest gap between two frames.
     let (gap, cpu) = got
         .windows(2)
@@ -174,5 +178,8 @@ fn gpushmsrc_spin_us_delivers_every_frame_and_idles_for_free() {
     // The mode is on: frames are caught while polling (none without it), and misses are few.
     let (caught, missed) = (num(&f, "spin_caught"), num(&f, "spin_missed"));
     assert!(caught >= (FRAMES / 10) as f64, "{out:?}");
-    assert!(caught + missed <= (FRAMES + 1) as f64, "one poll a frame at most: {out:?}");
+    assert!(
+        caught + missed <= (FRAMES + 1) as f64,
+        "one poll a frame at most: {out:?}"
+    );
 }

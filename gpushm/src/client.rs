@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
-use nix::sys::time::TimeSpec;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use nix::sys::time::TimeSpec;
 
 use super::consumer::{ConsumerChannel, ConsumerRing};
 use super::names::Endpoint;

@@ -77,7 +77,9 @@ fn parse() -> Result<Args, String> {
                 let mut top = 0;
                 for part in spec.split(',') {
                     if let Some(ms) = part.strip_prefix('p') {
-                        t += ms.parse::<u64>().map_err(|e| format!("--schedule {part}: {e}"))?
+                        t += ms
+                            .parse::<u64>()
+                            .map_err(|e| format!("--schedule {part}: {e}"))?
                             * 1_000_000;
                         continue;
                     }
