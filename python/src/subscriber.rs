@@ -200,6 +200,16 @@ impl Subscriber {
         self.with(|s| Ok(s.dropped()))
     }
 
+    /// The low-latency mode's figures (`spin_us`): `(caught, missed)`, frames that came while
+    /// the ring was polled and polls that ended without one; (0, 0) when it is off.
+    #[getter]
+    fn spin_stats(&self) -> PyResult<(u64, u64)> {
+        self.with(|s| {
+            let st = s.spin_stats();
+            Ok((st.caught, st.missed))
+        })
+    }
+
     /// Stops taking frames and tells the producer so: it no longer waits for this subscriber
     /// (even a lossless one) nor delivers to it. Frames still held, and every view, array or
     /// tensor made from them, keep their slots until they are dropped; then the connection
