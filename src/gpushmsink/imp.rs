@@ -1269,15 +1269,26 @@ impl BaseSinkImpl for GpuShmSink {
             } => Ok(caps.clone()),
             _ => Err(gst::FlowError::Flushing),
         };
-        let (server, info, pool, live) = match &*self.state() {
+        // One look at the state for everything a frame of our pool needs (each lock and each
+        // clone of the caps is a few cold cache lines after the producer slept).
+        let (server, info, pool, live, cuda_input) = match &*self.state() {
             State::Started {
                 server,
                 info,
-                caps: Some(_),
+                caps: Some(caps),
                 pool: Some(pool),
                 live,
                 ..
-            } => (server.clone(), info.clone(), pool.clone(), *live),
+            } => (
+                server.clone(),
+                info.clone(),
+                pool.clone(),
+                *live,
+                // Frames in CUDA memory, as the caps say (nvcodec's elements also hand
+                // GstCudaMemory, mapped for the CPU, under system-memory caps: those are
+                // copied as system memory).
+                info.is_some() && caps.features(0).is_some_and(cuda_memory),
+            ),
             _ => {
                 gst::element_imp_error!(
                     self,
@@ -1329,10 +1340,6 @@ impl BaseSinkImpl for GpuShmSink {
             (s.wait_for_connection, Self::policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
-        // Frames in CUDA memory, as the caps say (nvcodec's elements also hand GstCudaMemory,
-        // mapped for the CPU, under system-memory caps: those are copied as system memory).
-        let cuda_input =
-            info.is_some() && caps_of().is_ok_and(|c| c.features(0).is_some_and(cuda_memory));
         let publish = |slot: u32, mut meta: FrameMeta| {
             if info.is_none() {
                 meta.payload_size = buffer.size() as u64;
