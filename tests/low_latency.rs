@@ -7,6 +7,9 @@
 
 mod common;
 use common::*;
+#[path = "common/fake_producer.rs"]
+mod fake_producer;
+use fake_producer::*;
 
 use std::time::{Duration, Instant};
 
@@ -181,5 +184,94 @@ fn gpushmsrc_spin_us_delivers_every_frame_and_idles_for_free() {
     assert!(
         caught + missed <= (FRAMES + 1) as f64,
         "one poll a frame at most: {out:?}"
+    );
+}
+
+/// A producer lying about its publish times cannot make a consumer in low-latency mode late
+/// or make it poll past its budget. Frames come every 100 ms from a fake producer; gpushmsrc
+/// spin-us=10000 reads them. First their publish times run 10 s ahead of the clock and an hour
+/// apart: the consumer sleeps until that "due" time, but with its wake-up armed, so every frame
+/// still arrives within 50 ms. Then each says it was published 50 ms before it was: every poll
+/// misses, yet it stops at its budget (10 ms a frame), and the frame still wakes the consumer.
+#[test]
+fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("liar.sock");
+    let fake = FakeProducer::new(&sock);
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--print",
+        "--no-reconnect",
+        "--src-props",
+        "spin-us=10000",
+    ]);
+    let consumer = Proc::spawn(c, "frame_checker");
+    let mut client = fake.accept();
+    let pid = consumer.child.id();
+    let mut sent = Vec::new();
+    let mut cpu0 = Duration::ZERO;
+    for n in 0..40u64 {
+        let now = gstgpushm::ring::monotonic_ns();
+        let publish_ns = if n < 20 {
+            // Far ahead, and an hour apart.
+            now + 10_000_000_000 + n * 3_600_000_000_000
+        } else {
+            // Half a period early: each next frame looks due 50 ms before it comes, so every
+            // poll misses.
+            now - 50_000_000
+        };
+        if n == 20 {
+            cpu0 = process_cpu(pid);
+        }
+        sent.push(gstgpushm::ring::monotonic_ns());
+        fake.send(
+            &mut client,
+            n,
+            gstgpushm::ring::producer::FrameMeta {
+                publish_ns,
+                ..Default::default()
+            },
+        );
+        // Give the slot back as the consumer releases it: 16 slots, 40 frames.
+        let _ = client.ch.take_releases();
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let cpu1 = process_cpu(pid);
+    drop(client);
+    let (_, out) = consumer.finish(Duration::from_secs(20));
+    let arrivals: Vec<(u64, u64)> = out
+        .iter()
+        .filter(|l| l.starts_with("FRAME "))
+        .map(|l| {
+            let get = |k: &str| -> u64 {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix(k))
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            };
+            (get("n="), get("t="))
+        })
+        .collect();
+    assert_eq!(arrivals.len(), 40, "{}", out.join("\n"));
+    for (n, t) in arrivals {
+        let late = t.saturating_sub(sent[n as usize]);
+        assert!(
+            late < 50_000_000,
+            "frame {n} arrived {} ms after it was sent",
+            late / 1_000_000
+        );
+    }
+    // 20 frames, one poll of at most 10 ms each (each misses), plus what the pipeline itself
+    // costs; a poll without its bound would run until each frame came, 50 ms.
+    let spent = cpu1.saturating_sub(cpu0);
+    eprintln!("20 frames with polls that miss: {spent:?} of CPU");
+    assert!(
+        spent < Duration::from_millis(20 * 10 + 150),
+        "the consumer spent {spent:?} over 20 frames with a budget of 10 ms"
     );
 }

@@ -34,15 +34,22 @@ impl Cadence {
         if publish_ns == 0 || publish_ns == crate::layout::NONE_U64 {
             return;
         }
+        if publish_ns < self.last {
+            // Time went back (only a broken or lying producer does that on CLOCK_MONOTONIC):
+            // what was learnt is worth nothing; start again from this frame.
+            *self = Self {
+                last: publish_ns,
+                ..Self::default()
+            };
+            return;
+        }
         if self.last != 0 && publish_ns > self.last {
             self.intervals[self.at] = publish_ns - self.last;
             self.at = (self.at + 1) % HISTORY;
             self.n = (self.n + 1).min(HISTORY);
         }
-        if publish_ns >= self.last {
-            self.last = publish_ns;
-            self.armed = true;
-        }
+        self.last = publish_ns;
+        self.armed = true;
     }
 
     /// The usual interval between frames (the median of the last ones), once known.
@@ -111,9 +118,15 @@ mod tests {
             c.record(t);
         }
         assert_eq!(c.interval(), Some(200_000_000));
-        // Frames out of order or without a publish time change nothing.
+        // Frames without a publish time change nothing.
         c.record(0);
-        c.record(t - 1);
+        c.record(crate::layout::NONE_U64);
         assert_eq!(c.interval(), Some(200_000_000));
+        // Time going back starts the learning again from that frame.
+        c.record(t - 1);
+        assert_eq!(c.interval(), None);
+        assert_eq!(c.take_due(), None);
+        c.record(t + 10_000_000);
+        assert_eq!(c.interval(), Some(10_000_001));
     }
 }
