@@ -7,6 +7,7 @@
  *   capi_test expect N                  what `produce` publishes, raw, to stdout
  *   capi_test consume SOCK N OUT        N frames (lossless), visible rows of every plane to OUT;
  *                                       every other frame through poll() on the fd; then EOS
+ *                                       (CAPI_TEST_SPIN_US: with the low-latency mode)
  *   capi_test timeout SOCK N            N frames, then a 200 ms wait must time out
  *   capi_test killed SOCK               holds a frame while the producer is killed (-9): its
  *                                       bytes stay the same, then the producer is gone
@@ -82,6 +83,9 @@ static gpushm_subscriber *open_sub(const char *sock, int mode)
     o.mode = mode;
     o.connect_timeout_ns = 20000000000ll;
     o.name = "capi_test";
+    /* CAPI_TEST_SPIN_US: the low-latency mode's budget. */
+    const char *spin = getenv("CAPI_TEST_SPIN_US");
+    o.spin_us = spin ? (uint32_t)strtoul(spin, NULL, 10) : 0;
     gpushm_subscriber *s = NULL;
     /* "stream:NAME" names a stream instead of a socket path. */
     gpushm_status st = strncmp(sock, "stream:", 7) ? gpushm_subscriber_open(sock, &o, &s)
@@ -321,6 +325,11 @@ static int misuse(const char *sock)
     gpushm_subscriber_options_init(&o);
     o.mode = 7;
     CHECK(gpushm_subscriber_open(sock, &o, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "mode 7");
+    gpushm_subscriber_options_init(&o);
+    o.spin_us = 100001;
+    CHECK(gpushm_subscriber_open(sock, &o, &s) == GPUSHM_ERROR_INVALID_ARGUMENT, "spin_us 100001");
+    CHECK(strstr(gpushm_last_error(), "spin_us") != NULL, "the error names spin_us");
+    o.spin_us = 0;
     gpushm_publisher_options po;
     gpushm_publisher_options_init(&po);
     gpushm_publisher *p = NULL;
