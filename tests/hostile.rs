@@ -1293,22 +1293,6 @@ fn more_consumers_than_slots_that_keep_their_last_frame_are_not_cut() {
     p.kill9();
 }
 
-/// CPU time (user + system) process `pid` spent so far.
-fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let rest = stat.rsplit_once(')').unwrap().1;
-    let ticks: u64 = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .map(|v| v.parse::<u64>().unwrap())
-        .sum();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .unwrap()
-        .unwrap_or(100) as u64;
-    Duration::from_micros(ticks * 1_000_000 / hz)
-}
-
 /// Issue 27, item 6: clients that connect, say Hello and hang up, from two threads as fast as
 /// they can, cost the producer a bounded share of a core (new connections are accepted at
 /// `ACCEPT_RATE` at most), its consumer keeps every frame at full rate, and a consumer that
@@ -1346,11 +1330,11 @@ fn a_connection_flood_costs_the_producer_a_bounded_share_and_its_consumers_nothi
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let (from, cpu0) = (now(), cpu_time(p.child.id()));
+    let (from, cpu0) = (now(), process_cpu_time(p.child.id()));
     std::thread::sleep(Duration::from_millis(1500));
     let late = connect_and_take(&sock);
     std::thread::sleep(Duration::from_millis(1500));
-    let (to, cpu1) = (now(), cpu_time(p.child.id()));
+    let (to, cpu1) = (now(), process_cpu_time(p.child.id()));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for f in flooders {
         f.join().unwrap();
@@ -1462,7 +1446,7 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
-    let (from, cpu0) = (now(), cpu_time(p.child.id()));
+    let (from, cpu0) = (now(), process_cpu_time(p.child.id()));
     std::thread::sleep(Duration::from_millis(1500));
     let asked = Instant::now();
     let honest = gpushm::client::query(
@@ -1472,7 +1456,7 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
     let took = asked.elapsed();
     let late = connect_and_take(&sock);
     std::thread::sleep(Duration::from_millis(1500));
-    let (to, cpu1) = (now(), cpu_time(p.child.id()));
+    let (to, cpu1) = (now(), process_cpu_time(p.child.id()));
     stop.store(true, Relaxed);
     for a in attackers {
         a.join().unwrap();

@@ -43,24 +43,6 @@ fn producer(sock: &std::path::Path) -> Proc {
     p
 }
 
-/// CPU time (user + system) of process `pid` so far, from /proc (clock ticks of 10 ms).
-fn process_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
-    // Fields after the command name (which may hold spaces) in parentheses.
-    let rest = &stat[stat.rfind(')').expect("stat format") + 2..];
-    let f: Vec<u64> = rest
-        .split(' ')
-        .skip(11)
-        .take(2)
-        .map(|v| v.parse().expect("a number"))
-        .collect();
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as u64;
-    Duration::from_nanos((f[0] + f[1]) * 1_000_000_000 / hz)
-}
-
 fn thread_cpu() -> Duration {
     let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .expect("CLOCK_THREAD_CPUTIME_ID");
@@ -161,9 +143,9 @@ fn gpushmsrc_spin_us_delivers_every_frame_and_idles_for_free() {
     // 40 frames take 3 s; the pause runs to 6 s.
     std::thread::sleep(Duration::from_millis(3600).saturating_sub(first.elapsed()));
     let pid = checker.child.id();
-    let cpu0 = process_cpu(pid);
+    let cpu0 = process_cpu_time(pid);
     std::thread::sleep(Duration::from_secs(2));
-    let paused_cpu = process_cpu(pid).saturating_sub(cpu0);
+    let paused_cpu = process_cpu_time(pid).saturating_sub(cpu0);
     let (status, out) = checker.finish(Duration::from_secs(30));
     let (ps, pout) = p.finish(Duration::from_secs(20));
     eprintln!("consumer CPU over 2 s of pause: {paused_cpu:?}");
@@ -225,7 +207,7 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
             now - 50_000_000
         };
         if n == 20 {
-            cpu0 = process_cpu(pid);
+            cpu0 = process_cpu_time(pid);
         }
         sent.push(gstgpushm::ring::monotonic_ns());
         fake.send(
@@ -240,7 +222,7 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
         let _ = client.ch.take_releases();
         std::thread::sleep(Duration::from_millis(100));
     }
-    let cpu1 = process_cpu(pid);
+    let cpu1 = process_cpu_time(pid);
     drop(client);
     let (_, out) = consumer.finish(Duration::from_secs(20));
     let arrivals: Vec<(u64, u64)> = out
@@ -273,5 +255,26 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
     assert!(
         spent < Duration::from_millis(20 * 10 + 150),
         "the consumer spent {spent:?} over 20 frames with a budget of 10 ms"
+    );
+}
+
+/// A budget over `MAX_SPIN` is refused at once, saying so (no producer needed).
+#[test]
+fn a_spin_budget_over_the_maximum_is_refused_saying_why() {
+    let dir = tmpdir();
+    let opts = gpushm::client::ConnectOptions {
+        spin: gpushm::client::MAX_SPIN + Duration::from_micros(1),
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let t = Instant::now();
+    match gpushm::client::Subscriber::connect(&dir.path().join("none.sock"), opts) {
+        Err(gpushm::Error::Invalid(m)) => assert!(m.contains("100000 µs"), "{m}"),
+        Err(e) => panic!("not refused as invalid: {e}"),
+        Ok(_) => panic!("connected"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "refused before waiting"
     );
 }

@@ -595,12 +595,7 @@ unsafe fn open_subscriber(
             };
             reconnect = opts.reconnect != 0;
             o.device_memory = opts.device_memory != 0;
-            if opts.spin_us > 100_000 {
-                return Err(invalid(format!(
-                    "spin_us {}: 0 (off) to 100000",
-                    opts.spin_us
-                )));
-            }
+            // Checked when connecting (at most gpushm::client::MAX_SPIN).
             o.spin = Duration::from_micros(opts.spin_us.into());
             if !opts.name.is_null() {
                 // SAFETY: non-NULL, the caller's string.
@@ -864,7 +859,6 @@ struct Shape {
 }
 
 /// What decides a frame's [`Shape`]: its caps and the layout fields of its descriptor.
-#[derive(PartialEq)]
 struct LayoutKey {
     caps: Arc<str>,
     fields: [u64; 4 + 4 * 4],

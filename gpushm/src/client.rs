@@ -281,6 +281,10 @@ pub struct ConnectOptions {
     pub spin: Duration,
 }
 
+/// The largest [`ConnectOptions::spin`]: 100 ms of polling a frame (more is refused when
+/// connecting, as an error that says so).
+pub const MAX_SPIN: Duration = Duration::from_millis(100);
+
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
 /// caller must not let it be dropped during a wait.
 #[derive(Clone, Copy)]
@@ -389,6 +393,14 @@ impl Connection {
         opts: &ConnectOptions,
         wake: Option<BorrowedFd<'_>>,
     ) -> Result<Self> {
+        if opts.spin > MAX_SPIN {
+            return Err(Error::Invalid(format!(
+                "a low-latency budget (spin, spin-us, spin_us) of {} µs is more than the {} µs \
+                 of polling a frame allowed (0 turns the mode off)",
+                opts.spin.as_micros(),
+                MAX_SPIN.as_micros()
+            )));
+        }
         let deadline = Instant::now()
             .checked_add(opts.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));

@@ -126,7 +126,16 @@ impl Subscriber {
             timeout: timeout.unwrap_or(Duration::MAX),
             producer_uid,
             device_memory,
-            spin: Duration::from_micros(spin_us.into()),
+            spin: {
+                let spin = Duration::from_micros(spin_us.into());
+                if spin > gpushm::client::MAX_SPIN {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "spin_us={spin_us}: at most {} µs of polling a frame (0: off)",
+                        gpushm::client::MAX_SPIN.as_micros()
+                    )));
+                }
+                spin
+            },
             ..Default::default()
         };
         if let Some(n) = name {

@@ -232,6 +232,8 @@ def test_bad_arguments_say_why(sock):
         gpushm.Subscriber(sock, timeout=-5)
     with pytest.raises(ValueError, match="auto.*lossless.*leaky"):
         gpushm.Subscriber(sock, mode="sometimes")
+    with pytest.raises(ValueError, match="spin_us=100001"):
+        gpushm.Subscriber(sock, spin_us=100001)
 
 
 def test_a_slot_is_never_written_once_published(sock):

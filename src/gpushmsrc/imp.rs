@@ -92,8 +92,8 @@ const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
 /// be pushed.
 const ANSWERED_LATENCY: u64 = 5_000_000;
 
-/// The largest `spin-us`: 100 ms of polling per frame.
-const MAX_SPIN_US: u32 = 100_000;
+/// The largest `spin-us` (the core's bound).
+const MAX_SPIN_US: u32 = gpushm::client::MAX_SPIN.as_micros() as u32;
 
 #[derive(Debug, Clone)]
 struct Settings {

@@ -351,3 +351,20 @@ pub fn as_nobody(cmd: &mut Command, home: &Path) {
     cmd.env("HOME", home)
         .env("GST_REGISTRY", home.join("registry.bin"));
 }
+
+/// CPU time (user + system) process `pid` spent so far, from /proc (in clock ticks, 10 ms).
+pub fn process_cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command name, which may hold spaces, in parentheses.
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse::<u64>().unwrap())
+        .sum();
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap_or(100) as u64;
+    Duration::from_micros(ticks * 1_000_000 / hz)
+}
