@@ -911,6 +911,169 @@ fn frames_metadata_and_eos_travel_through_the_harnesses() {
     }
 }
 
+/// Pulls buffers from a src harness until one comes, at most for `within`.
+fn pull_within(src: &mut Harness, within: Duration) -> Option<gst::Buffer> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Some(b) = src.try_pull() {
+            return Some(b);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+/// gpushmsink takes buffers around GstBaseSink's chain function when it would only call
+/// render() (sync=false, playing): what GstBaseSink does for each buffer must still happen.
+/// Out-of-segment buffers are dropped, the position query answers the last buffer's stream
+/// time, settings changed through GstBaseSink's setters (which notify nobody) send buffers
+/// back its way (a last sample is kept), EOS refuses buffers, and a flush starts over.
+#[test]
+fn buffers_around_basesink_keep_segment_position_settings_and_eos() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("d.sock");
+    let mut sink = sink_harness(
+        &sock,
+        "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
+    );
+    let el = sink.element().unwrap();
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while el.property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ms = gst::ClockTime::from_mseconds;
+    let position = || el.query_position::<gst::ClockTime>();
+    let frame_of = |b: &gst::Buffer| b.offset();
+
+    assert_eq!(sink.push(gray_frame(0, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    let b = pull_within(&mut src, Duration::from_secs(5)).expect("frame 0");
+    assert_eq!(frame_of(&b), 0);
+    assert_eq!(position(), Some(ms(0)));
+
+    // A segment from 1 s (stream time = PTS): frame 10 (0.4 s) is outside, frame 30
+    // (1.2 s) inside.
+    let mut seg = gst::FormattedSegment::<gst::ClockTime>::new();
+    seg.set_start(gst::ClockTime::SECOND);
+    seg.set_time(gst::ClockTime::SECOND);
+    assert!(sink.push_event(gst::event::Segment::new(&seg)));
+    assert_eq!(sink.push(gray_frame(10, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    assert_eq!(sink.push(gray_frame(30, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    let b = pull_within(&mut src, Duration::from_secs(5)).expect("frame 30");
+    assert_eq!(
+        frame_of(&b),
+        30,
+        "the frame outside the segment was dropped"
+    );
+    assert_eq!(position(), Some(ms(1200)));
+    let stats = el.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 2);
+
+    // gst_base_sink_set_last_sample_enabled notifies nobody: the next buffer must still go
+    // GstBaseSink's way, which keeps it as the last sample.
+    let base = el.downcast_ref::<gst_base::BaseSink>().unwrap();
+    let last_sample_enabled = |on: bool| {
+        // SAFETY: GstBaseSink's setter on a live GstBaseSink.
+        unsafe { gst_base::ffi::gst_base_sink_set_last_sample_enabled(base.as_ptr(), on.into()) }
+    };
+    last_sample_enabled(true);
+    assert_eq!(sink.push(gray_frame(31, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    assert_eq!(
+        frame_of(&pull_within(&mut src, Duration::from_secs(5)).expect("frame 31")),
+        31
+    );
+    let last = base
+        .last_sample()
+        .expect("a last sample, kept by GstBaseSink");
+    assert_eq!(last.buffer().unwrap().offset(), 31);
+    assert_eq!(position(), Some(ms(1240)));
+    drop(last);
+    last_sample_enabled(false);
+
+    // After EOS, buffers are refused with EOS, whichever way they would go.
+    assert!(sink.push_event(gst::event::Eos::new()));
+    assert_eq!(sink.push(gray_frame(32, 64, 48)), Err(gst::FlowError::Eos));
+    // A flush starts over: frames flow again, from a new segment.
+    assert!(sink.push_event(gst::event::FlushStart::new()));
+    assert!(sink.push_event(gst::event::FlushStop::new(true)));
+    let seg = gst::FormattedSegment::<gst::ClockTime>::new();
+    assert!(sink.push_event(gst::event::Segment::new(&seg)));
+    assert_eq!(sink.push(gray_frame(33, 64, 48)), Ok(gst::FlowSuccess::Ok));
+    // (The consumer ended at EOS: the sink's count says the frame went out.)
+    let stats = el.property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 4);
+    assert_eq!(position(), Some(ms(1320)));
+}
+
+/// A live pipeline with sync=false (buffers around GstBaseSink) pauses and plays again:
+/// frames stop and resume, and the position follows them.
+#[test]
+fn a_non_syncing_live_sink_pauses_and_resumes() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("p.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48,framerate=50/1 ! gpushmsink name=sink sync=false socket-path={}",
+        sock.display()
+    ))
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} lossless=true ! appsink name=out sync=false max-buffers=1000",
+        sock.display()
+    ))
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    let out = consumer
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("out")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    let pull = |n: usize| -> Vec<u64> {
+        (0..n)
+            .map(|i| {
+                out.try_pull_sample(gst::ClockTime::from_seconds(5))
+                    .unwrap_or_else(|| panic!("sample {i}"))
+                    .buffer()
+                    .unwrap()
+                    .offset()
+            })
+            .collect()
+    };
+    let before = pull(10);
+    let pos1 = producer
+        .query_position::<gst::ClockTime>()
+        .expect("position");
+    producer.set_state(gst::State::Paused).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // Whatever was on its way before the pause.
+    while out
+        .try_pull_sample(gst::ClockTime::from_mseconds(100))
+        .is_some()
+    {}
+    assert!(
+        out.try_pull_sample(gst::ClockTime::from_mseconds(300))
+            .is_none(),
+        "no frames while paused"
+    );
+    producer.set_state(gst::State::Playing).unwrap();
+    let after = pull(10);
+    let pos2 = producer
+        .query_position::<gst::ClockTime>()
+        .expect("position");
+    assert!(
+        after.iter().all(|o| *o > *before.last().unwrap()),
+        "{before:?} then {after:?}"
+    );
+    assert!(pos2 > pos1, "position {pos1} then {pos2}");
+    producer.set_state(gst::State::Null).unwrap();
+    consumer.set_state(gst::State::Null).unwrap();
+}
+
 #[test]
 fn caps_change_mid_stream_makes_a_new_ring() {
     init();

@@ -1043,9 +1043,9 @@ impl<P: Send + 'static> Publisher<P> {
         }
         // What clients released since the last frame (they wake nobody for it). Taken after
         // the frame went out (off its way: reading each client's release queue is a cache
-        // miss per client) unless a client may be full by the counts of the last frame: a
-        // client under the smaller limit (what a leaky client keeps zero-copy) is treated
-        // the same whatever it released since.
+        // miss per client and a microsecond on the way of every frame) unless a client may
+        // be full by the counts of the last frame: a client under the count that decides its
+        // way (below) is treated the same whatever it released since.
         // Crowded: too many open clients for each to keep frames of its own (the ring's slots
         // less one, or more). Every client's budget is then one frame, so that consumers copy
         // what their downstream keeps instead of pinning slots (see relieve_overcrowding).
@@ -1087,7 +1087,14 @@ impl<P: Send + 'static> Publisher<P> {
                 }
             }
             c.ch.set_budget(policy.budget as u32);
-            reclaimed |= c.refs() >= limit;
+            // Its releases change this frame's way only at the count that decides: a lossless
+            // client's budget (it is waited for), a leaky or lagging one's cap (the frame skips
+            // it, or its oldest go back).
+            let decides = match c.lossless && !c.lagging {
+                true => policy.budget,
+                false => limit + 1,
+            };
+            reclaimed |= c.refs() >= decides;
         }
 
         if reclaimed {
@@ -1119,8 +1126,13 @@ impl<P: Send + 'static> Publisher<P> {
                 .iter_mut()
                 .filter(|c| c.lossless && !c.lagging && !c.closed)
             {
+                if c.refs() < policy.budget {
+                    // Room: nothing to read from its queue (taking frames moves them from
+                    // pending to held, the count stays; only releases lower it).
+                    continue;
+                }
                 match c.ch.sync_taken() {
-                    Ok(()) if c.refs() >= policy.budget => {
+                    Ok(()) => {
                         if Self::hold_bounded(c, meta.live) {
                             if waited >= c.hold.left {
                                 // Its credit is spent: this frame skips it instead.
@@ -1138,7 +1150,6 @@ impl<P: Send + 'static> Publisher<P> {
                         }
                         full.push(c.id)
                     }
-                    Ok(()) => {}
                     Err(e) => failed.push((c.id, e.to_string())),
                 }
             }

@@ -29,6 +29,7 @@
  * ]|
  */
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use gst::glib;
@@ -126,7 +127,22 @@ enum State {
         pool: Option<SlotPool>,
         /// Whether upstream is live, asked once per caps.
         live: Option<bool>,
+        /// What render() needs for each frame of `caps`, found once per ring.
+        frames: Option<FramePath>,
     },
+}
+
+/// What render() needs for each frame of the current caps, found once per ring: after the
+/// producer slept, every lock, caps lookup or plane computation on the way of a frame costs
+/// about a microsecond of cold cache and TLB misses.
+struct FramePath {
+    /// The pool's ring (the pool itself is behind its own lock).
+    ring: Arc<crate::ring::producer::ProducerRing>,
+    /// Raw video in CUDA memory, as the caps say (nvcodec's elements also hand GstCudaMemory,
+    /// mapped for the CPU, under system-memory caps: those are copied as system memory).
+    cuda_input: bool,
+    /// Format, size and planes of the caps' own layout, for a frame laid out that way.
+    template: Option<FrameMeta>,
 }
 
 pub struct GpuShmSink {
@@ -136,7 +152,40 @@ pub struct GpuShmSink {
     /// default: offset exactly 0), and the offset in use for another clock (kept while a
     /// fresh reading stays within 1 ms of it, so reading two clocks adds no jitter).
     clock_kind: Mutex<Option<(gst::Clock, bool, i64)>>,
+    /// The pipeline latency of the last LATENCY event (what GstBaseSink keeps, read here
+    /// without its object lock).
+    latency: AtomicU64,
+    /// See `chain`.
+    direct: Direct,
 }
+
+/// The direct way of a buffer from the sink pad to render(), around GstBaseSink's chain
+/// function, where that does nothing for the buffer but cost time (8 µs of a 33 µs way from
+/// upstream to the consumers on the dev VM): not synchronised to the clock (sync=false),
+/// prerolled, playing, no last sample kept, no QoS, throttling or stepping. Anything else
+/// goes GstBaseSink's way, as does every buffer list.
+#[derive(Default)]
+struct Direct {
+    /// GstBaseSink's chain function, found when the element was made.
+    base_chain: std::sync::OnceLock<BaseChain>,
+    /// A STEP event came: GstBaseSink's way from then on.
+    stepped: AtomicBool,
+    /// EOS came (cleared by FLUSH_STOP and STREAM_START, as GstBaseSink does).
+    eos: AtomicBool,
+    /// The last buffer went the direct way: position queries are answered from `position`.
+    last_direct: AtomicBool,
+    /// The last buffer's start and stop clipped to the segment (whose stream time GstBaseSink
+    /// reports as the position without sync), NONE_U64 for none.
+    position: [AtomicU64; 2],
+}
+
+type BaseChainFn = unsafe extern "C" fn(
+    *mut gst::ffi::GstPad,
+    *mut gst::ffi::GstObject,
+    *mut gst::ffi::GstBuffer,
+) -> gst::ffi::GstFlowReturn;
+
+struct BaseChain(BaseChainFn);
 
 impl Default for GpuShmSink {
     fn default() -> Self {
@@ -144,6 +193,8 @@ impl Default for GpuShmSink {
             settings: Mutex::new(Settings::default()),
             state: Mutex::new(State::Stopped),
             clock_kind: Mutex::new(None),
+            latency: AtomicU64::new(0),
+            direct: Direct::default(),
         }
     }
 }
@@ -507,6 +558,7 @@ impl GpuShmSink {
             cuda,
             cuda_on_request,
             live,
+            frames,
         } = &mut *state
         else {
             return Err(gst::loggable_error!(CAT, "Not started"));
@@ -569,6 +621,11 @@ impl GpuShmSink {
                 gst::warning!(CAT, imp = self, "{why}");
             }
         }
+        *frames = new_pool.ring().map(|ring| FramePath {
+            ring,
+            cuda_input: info.is_some() && cuda_caps,
+            template: info.as_ref().map(frame_template),
+        });
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
         }
@@ -604,14 +661,45 @@ impl GpuShmSink {
         offset
     }
 
+    /// The element's base time and the clock offset (see `clock_offset`), under one object
+    /// lock: each lock is a cold cache line on the way of a frame.
+    fn timing(&self) -> (Option<gst::ClockTime>, i64) {
+        let obj = self.obj();
+        let (base, clock) = {
+            let _lock = obj.object_lock();
+            // SAFETY: GstElement's base_time and clock are read under its object lock, as
+            // gst_element_get_base_time and gst_element_get_clock do.
+            unsafe {
+                let e = obj.as_ptr() as *const gst::ffi::GstElement;
+                ((*e).base_time, (*e).clock)
+            }
+        };
+        let base = (base as u64 != gst::ffi::GST_CLOCK_TIME_NONE)
+            .then(|| gst::ClockTime::from_nseconds(base as u64));
+        if clock.is_null() {
+            return (base, 0);
+        }
+        // The clock last seen, monotonic: nothing to read (its pointer is compared, never
+        // followed, before a reference is taken).
+        {
+            let kind = self.clock_kind.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((c, true, _)) = &*kind {
+                if c.as_ptr() == clock {
+                    return (base, 0);
+                }
+            }
+        }
+        (base, self.clock_offset())
+    }
+
     fn frame_meta(
         &self,
         buffer: &gst::BufferRef,
         info: Option<&gst_video::VideoInfo>,
+        template: Option<&FrameMeta>,
     ) -> FrameMeta {
-        // Read once per frame: each read takes the object lock.
         let obj = self.obj();
-        let base = obj.base_time();
+        let (base, offset) = self.timing();
         let (vm, tc) = metas(buffer);
         // SAFETY: only render() calls this, with the sink pad's stream lock held, and basesink
         // changes its segment only under that lock. Read in place: `segment()` copies it, an
@@ -627,7 +715,7 @@ impl GpuShmSink {
         // Published on CLOCK_MONOTONIC (clock_offset 0), signed running time included: a DTS
         // before the segment's start (x264enc's B-frames) keeps its time even on a clock that
         // started near 0 (an audio device's).
-        let offset = self.clock_offset() as i128;
+        let offset = offset as i128;
         let clock = |t: Option<gst::ClockTime>| -> u64 {
             let rt = match (t, segment) {
                 (Some(t), Some(seg)) => match seg.to_running_time_full(t) {
@@ -646,6 +734,11 @@ impl GpuShmSink {
             }
         };
         let mut m = FrameMeta {
+            // Format, size and planes of the caps' layout (replaced below where the buffer's
+            // VideoMeta says otherwise).
+            ..template.copied().unwrap_or_default()
+        };
+        m = FrameMeta {
             payload_size: buffer.size() as u64,
             pts: buffer.pts().map_or(NONE_U64, |t| t.nseconds()),
             dts: buffer.dts().map_or(NONE_U64, |t| t.nseconds()),
@@ -658,16 +751,20 @@ impl GpuShmSink {
             // keeps only the core ones.
             // SAFETY: reading a field of a valid buffer we hold a reference to.
             buffer_flags: unsafe { (*buffer.as_ptr()).mini_object.flags },
-            latency: obj.latency().nseconds(),
+            latency: self.latency.load(Ordering::Relaxed),
             timecode: tc,
             // The times above are on CLOCK_MONOTONIC already.
             clock_offset: 0,
-            ..Default::default()
+            ..m
         };
         // Other caps: opaque bytes, no planes.
         let Some(info) = info else {
             return m;
         };
+        // Laid out as the caps say: the template's planes are the frame's.
+        if template.is_some() && vm.is_none_or(|vm| same_layout(vm, info)) {
+            return m;
+        }
         m.video_format = info.format().into_glib() as u32;
         m.width = info.width();
         m.height = info.height();
@@ -685,6 +782,239 @@ impl GpuShmSink {
         crate::geometry::describe_planes(info, &mut m);
         m
     }
+}
+
+impl Direct {
+    fn forget_position(&self) {
+        self.last_direct.store(false, Ordering::SeqCst);
+        for p in &self.position {
+            p.store(NONE_U64, Ordering::SeqCst);
+        }
+    }
+}
+
+impl GpuShmSink {
+    /// Puts `chain` in front of GstBaseSink's chain function on the sink pad.
+    fn install_direct_chain(&self) {
+        let obj = self.obj();
+        let Some(pad) = obj.static_pad("sink") else {
+            return;
+        };
+        // SAFETY: GstBaseSink set its chain function when the instance was made; it reads
+        // neither the pad's chain data nor anything we replace.
+        let base = unsafe { (*(pad.as_ptr())).chainfunc };
+        let Some(base) = base else {
+            return;
+        };
+        let _ = self.direct.base_chain.set(BaseChain(base));
+        // SAFETY: the function keeps the pad's contract (takes the buffer, returns a flow);
+        // the pad is the sink's own and outlives nothing it refers to.
+        unsafe {
+            pad.set_chain_function(|pad, parent, buffer| {
+                match parent.and_then(|p| p.downcast_ref::<super::GpuShmSink>()) {
+                    Some(sink) => sink.imp().chain(pad, buffer),
+                    None => Err(gst::FlowError::Error),
+                }
+            });
+        }
+    }
+
+    /// Whether GstBaseSink's settings allow the direct way (see [`Direct`]). Read for every
+    /// buffer: its setters notify nobody (gst_base_sink_set_sync, ...). The getters that lock
+    /// take the object lock that `timing` takes next, a cache line already in cache.
+    fn direct_allowed(&self) -> bool {
+        let bs = self.obj().as_ptr() as *mut gst_base::ffi::GstBaseSink;
+        // SAFETY: GstBaseSink's own getters on our instance.
+        unsafe {
+            gst_base::ffi::gst_base_sink_get_sync(bs) == 0
+                && gst_base::ffi::gst_base_sink_is_last_sample_enabled(bs) == 0
+                && gst_base::ffi::gst_base_sink_is_qos_enabled(bs) == 0
+                && gst_base::ffi::gst_base_sink_get_max_bitrate(bs) == 0
+                && gst_base::ffi::gst_base_sink_get_throttle_time(bs) == 0
+                && gst_base::ffi::gst_base_sink_get_drop_out_of_segment(bs) != 0
+        }
+    }
+
+    /// The sink pad's chain function: the direct way to render() where GstBaseSink would do
+    /// nothing but call it (see [`Direct`]), GstBaseSink's chain function otherwise. The
+    /// direct way takes GstBaseSink's preroll lock for the whole buffer, as its chain function
+    /// does, so that flushing and state changes meet it the same way.
+    fn chain(
+        &self,
+        pad: &gst::Pad,
+        buffer: gst::Buffer,
+    ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let obj = self.obj();
+        let bs = obj.as_ptr() as *mut gst_base::ffi::GstBaseSink;
+        if !self.direct.stepped.load(Ordering::Relaxed)
+            && !self.direct.eos.load(Ordering::Relaxed)
+            && self.direct_allowed()
+        {
+            // SAFETY: the preroll lock is GstBaseSink's own mutex, taken and released here
+            // as its chain function does; the fields read under it are the ones it guards.
+            unsafe {
+                glib::ffi::g_mutex_lock(&mut (*bs).preroll_lock);
+                let ready = (*bs).pad_mode == gst::ffi::GST_PAD_MODE_PUSH
+                    && (*bs).flushing == 0
+                    && (*bs).eos == 0
+                    && (*bs).need_preroll == 0
+                    && (*bs).have_newsegment != 0
+                    && (*bs).segment.format == gst::ffi::GST_FORMAT_TIME;
+                if ready {
+                    let r = match self.clip_direct(&mut (*bs).segment, &buffer) {
+                        true => self.render(&buffer),
+                        // Out of the segment: dropped, as GstBaseSink does.
+                        false => Ok(gst::FlowSuccess::Ok),
+                    };
+                    let flushing = (*bs).flushing != 0;
+                    glib::ffi::g_mutex_unlock(&mut (*bs).preroll_lock);
+                    drop(buffer);
+                    return if flushing {
+                        Err(gst::FlowError::Flushing)
+                    } else {
+                        r
+                    };
+                }
+                glib::ffi::g_mutex_unlock(&mut (*bs).preroll_lock);
+            }
+        }
+        self.direct.last_direct.store(false, Ordering::SeqCst);
+        let Some(BaseChain(base)) = self.direct.base_chain.get() else {
+            return Err(gst::FlowError::Error);
+        };
+        // SAFETY: GstBaseSink's chain function, with its pad, parent and a buffer it takes.
+        let ret = unsafe {
+            base(
+                pad.as_ptr(),
+                obj.upcast_ref::<gst::Object>().as_ptr(),
+                glib::translate::IntoGlibPtr::into_glib_ptr(buffer),
+            )
+        };
+        // SAFETY: a GstFlowReturn from the chain function.
+        unsafe { <gst::FlowReturn as glib::translate::FromGlib<_>>::from_glib(ret) }.into_result()
+    }
+
+    /// GstBaseSink's segment handling for a buffer of the direct way: whether it is in the
+    /// segment (clipped on its PTS and duration), and its times kept as GstBaseSink keeps
+    /// them: the segment's position, and the clipped times whose stream time position
+    /// queries report.
+    fn clip_direct(&self, segment: &mut gst::ffi::GstSegment, buffer: &gst::BufferRef) -> bool {
+        // GstBaseSink's default get_times: DTS, or PTS; the end after the duration.
+        let Some(start) = buffer.dts().or(buffer.pts()) else {
+            return true;
+        };
+        let end = buffer.duration().map(|d| start.saturating_add(d));
+        let pts = buffer.pts().unwrap_or(start);
+        let (cstart, cstop) = if segment.stop == u64::MAX
+            && segment.rate > 0.0
+            && start.nseconds() >= segment.start
+            && pts.nseconds() >= segment.start
+        {
+            // An open segment that started before the buffer (every live stream's): the
+            // buffer is in it and clipping changes nothing (gst_segment_clip's rules).
+            (Some(start), end)
+        } else {
+            // SAFETY: a time segment (checked by the caller), borrowed for this call.
+            let seg = unsafe { gst::Segment::from_glib_ptr_borrow(segment) };
+            let Some(seg) = seg.downcast_ref::<gst::format::Time>() else {
+                return true;
+            };
+            if seg
+                .clip(pts, end.map(|e| pts.saturating_add(e - start)))
+                .is_none()
+            {
+                return false;
+            }
+            match seg.clip(start, end) {
+                Some(c) => c,
+                // In the segment by its PTS, not by its DTS: GstBaseSink renders it without
+                // syncing, and keeps its times as they were.
+                None => return true,
+            }
+        };
+        let position = match (end, cstop) {
+            (Some(_), Some(c)) => Some(c),
+            _ => cstart,
+        };
+        segment.position = position.map_or(gst::ffi::GST_CLOCK_TIME_NONE, |t| t.nseconds());
+        let ns = |t: Option<gst::ClockTime>| t.map_or(NONE_U64, |t| t.nseconds());
+        self.direct.position[0].store(ns(cstart), Ordering::Relaxed);
+        self.direct.position[1].store(ns(cstop), Ordering::Relaxed);
+        self.direct.last_direct.store(true, Ordering::Release);
+        true
+    }
+
+    /// The position GstBaseSink reports without sync: the stream time of the last buffer's
+    /// start (of its stop when playing backwards).
+    fn direct_position(&self) -> Option<gst::ClockTime> {
+        let start = self.direct.position[0].load(Ordering::Relaxed);
+        let stop = self.direct.position[1].load(Ordering::Relaxed);
+        let obj = self.obj();
+        let _lock = obj.object_lock();
+        // SAFETY: the segment, read under the object lock as GstBaseSink's position query
+        // does.
+        let seg = unsafe {
+            gst::Segment::from_glib_ptr_borrow(
+                &(*(obj.as_ptr() as *const gst_base::ffi::GstBaseSink)).segment,
+            )
+        };
+        let seg = seg.downcast_ref::<gst::format::Time>()?;
+        let stream = |t: u64| {
+            (t != NONE_U64)
+                .then(|| seg.to_stream_time(gst::ClockTime::from_nseconds(t)))
+                .flatten()
+        };
+        let sstart = stream(start);
+        let sstop = stream(stop).or(sstart);
+        if sstop.is_none() || seg.rate() > 0.0 {
+            sstart
+        } else {
+            sstop
+        }
+    }
+}
+
+/// The frame description of `info`'s own layout: format, size and planes (what every frame
+/// laid out that way publishes).
+fn frame_template(info: &gst_video::VideoInfo) -> FrameMeta {
+    let mut m = FrameMeta {
+        video_format: info.format().into_glib() as u32,
+        width: info.width(),
+        height: info.height(),
+        ..Default::default()
+    };
+    let n = (info.n_planes() as usize).min(MAX_PLANES);
+    m.n_planes = n as u32;
+    for i in 0..n {
+        m.plane_offset[i] = info.offset()[i] as u64;
+        m.plane_stride[i] = info.stride()[i].max(0) as u32;
+    }
+    crate::geometry::describe_planes(info, &mut m);
+    m
+}
+
+/// Copies the frame description (format, size, planes) of `from` into `to`.
+fn copy_planes(from: &FrameMeta, to: &mut FrameMeta) {
+    to.video_format = from.video_format;
+    to.width = from.width;
+    to.height = from.height;
+    to.n_planes = from.n_planes;
+    to.plane_offset = from.plane_offset;
+    to.plane_stride = from.plane_stride;
+    to.plane_rows = from.plane_rows;
+    to.plane_row_bytes = from.plane_row_bytes;
+    to.plane_components = from.plane_components;
+}
+
+/// Whether a VideoMeta puts the planes where `info` does (same format and size too).
+fn same_layout(vm: &gst_video::VideoMeta, info: &gst_video::VideoInfo) -> bool {
+    let n = info.n_planes() as usize;
+    vm.format() == info.format()
+        && vm.width() == info.width()
+        && vm.height() == info.height()
+        && vm.n_planes() as usize == n
+        && vm.offset().get(..n) == info.offset().get(..n)
+        && vm.stride().get(..n) == info.stride().get(..n)
 }
 
 /// How the ring carries `caps`: raw video in system memory gets frame-sized slots and its
@@ -977,6 +1307,7 @@ impl ObjectImpl for GpuShmSink {
         self.parent_constructed();
         // The last buffer is a ring slot: keeping it would take a slot from upstream.
         self.obj().set_enable_last_sample(false);
+        self.install_direct_chain();
     }
 
     fn property(&self, _id: usize, pspec: &glib::ParamSpec) -> glib::Value {
@@ -1009,6 +1340,33 @@ impl ObjectImpl for GpuShmSink {
 impl GstObjectImpl for GpuShmSink {}
 
 impl ElementImpl for GpuShmSink {
+    fn send_event(&self, event: gst::Event) -> bool {
+        match event.view() {
+            // Kept here too, for frames' latency field without GstBaseSink's object lock.
+            gst::EventView::Latency(l) => {
+                self.latency
+                    .store(l.latency().nseconds(), Ordering::Relaxed);
+            }
+            gst::EventView::Step(_) => self.direct.stepped.store(true, Ordering::SeqCst),
+            _ => {}
+        }
+        self.parent_send_event(event)
+    }
+
+    fn query(&self, query: &mut gst::QueryRef) -> bool {
+        // Buffers that went the direct way did not tell GstBaseSink their times: the
+        // position it reports without sync (the last buffer's stream time) is answered here.
+        if let gst::QueryViewMut::Position(q) = query.view_mut() {
+            if q.format() == gst::Format::Time && self.direct.last_direct.load(Ordering::Acquire) {
+                if let Some(pos) = self.direct_position() {
+                    q.set(pos);
+                    return true;
+                }
+            }
+        }
+        ElementImplExt::parent_query(self, query)
+    }
+
     fn metadata() -> Option<&'static gst::subclass::ElementMetadata> {
         static META: Lazy<gst::subclass::ElementMetadata> = Lazy::new(|| {
             gst::subclass::ElementMetadata::new(
@@ -1161,6 +1519,8 @@ impl BaseSinkImpl for GpuShmSink {
             _ => None,
         };
         let cuda_on_request = (s.cuda_register == CudaRegister::Auto).then_some(s.cuda_device);
+        self.direct.eos.store(false, Ordering::SeqCst);
+        self.direct.forget_position();
         *self.state() = State::Started {
             server,
             cuda,
@@ -1169,6 +1529,7 @@ impl BaseSinkImpl for GpuShmSink {
             caps: None,
             pool: None,
             live: None,
+            frames: None,
         };
         Ok(())
     }
@@ -1226,11 +1587,14 @@ impl BaseSinkImpl for GpuShmSink {
     fn event(&self, event: gst::Event) -> bool {
         match event.view() {
             gst::EventView::Eos(_) => {
+                self.direct.eos.store(true, Ordering::SeqCst);
                 if let Some(s) = self.server() {
                     s.send_eos();
                 }
             }
             gst::EventView::FlushStop(_) | gst::EventView::StreamStart(_) => {
+                self.direct.eos.store(false, Ordering::SeqCst);
+                self.direct.forget_position();
                 if let Some(s) = self.server() {
                     s.clear_eos();
                 }
@@ -1269,25 +1633,24 @@ impl BaseSinkImpl for GpuShmSink {
             } => Ok(caps.clone()),
             _ => Err(gst::FlowError::Flushing),
         };
-        // One look at the state for everything a frame of our pool needs (each lock and each
-        // clone of the caps is a few cold cache lines after the producer slept).
-        let (server, info, pool, live, cuda_input) = match &*self.state() {
+        // One look at the state for everything a frame of our pool needs (see FramePath).
+        let (server, info, pool, live, ring, cuda_input, template) = match &*self.state() {
             State::Started {
                 server,
                 info,
-                caps: Some(caps),
+                caps: Some(_),
                 pool: Some(pool),
                 live,
+                frames: Some(f),
                 ..
             } => (
                 server.clone(),
                 info.clone(),
                 pool.clone(),
                 *live,
-                // Frames in CUDA memory, as the caps say (nvcodec's elements also hand
-                // GstCudaMemory, mapped for the CPU, under system-memory caps: those are
-                // copied as system memory).
-                info.is_some() && caps.features(0).is_some_and(cuda_memory),
+                f.ring.clone(),
+                f.cuda_input,
+                f.template,
             ),
             _ => {
                 gst::element_imp_error!(
@@ -1298,7 +1661,6 @@ impl BaseSinkImpl for GpuShmSink {
                 return Err(gst::FlowError::NotNegotiated);
             }
         };
-        let ring = pool.ring().ok_or(gst::FlowError::Error)?;
         if info.is_none() && buffer.size() as u64 > ring.slot_size() {
             // Never cut or refuse a large buffer: a new ring with larger slots, announced to
             // consumers like a caps change. Then render again into it.
@@ -1379,7 +1741,7 @@ impl BaseSinkImpl for GpuShmSink {
         // still hold that slot (upstream pushed the same buffer again) or it is of an
         // earlier ring.
         if let Some(slot) = super::pool::slot_of_buffer(&ring, buffer) {
-            let meta = self.frame_meta(buffer, info.as_deref());
+            let meta = self.frame_meta(buffer, info.as_deref(), template.as_ref());
             match publish(slot, meta)? {
                 Published::Sent => {
                     super::pool::lock_published(buffer);
@@ -1407,17 +1769,12 @@ impl BaseSinkImpl for GpuShmSink {
                 ..,
             );
         }
-        let mut meta = self.frame_meta(&out, info.as_deref());
+        let mut meta = self.frame_meta(&out, info.as_deref(), template.as_ref());
         // Metas stay on the original.
         meta.timecode = timecode(buffer);
         // The copy has the pool's default layout.
-        if let Some(info) = &info {
-            meta.n_planes = info.n_planes();
-            for i in 0..info.n_planes() as usize {
-                meta.plane_offset[i] = info.offset()[i] as u64;
-                meta.plane_stride[i] = info.stride()[i].max(0) as u32;
-            }
-            crate::geometry::describe_planes(info, &mut meta);
+        if let Some(t) = &template {
+            copy_planes(t, &mut meta);
         }
         match publish(slot, meta)? {
             Published::Sent => {}
@@ -1438,14 +1795,7 @@ impl BaseSinkImpl for GpuShmSink {
 
 /// Whether `buffer`'s planes sit where `info` puts them: no VideoMeta, or one that agrees.
 fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
-    let Some(m) = buffer.meta::<gst_video::VideoMeta>() else {
-        return true;
-    };
-    let n = info.n_planes() as usize;
-    m.format() == info.format()
-        && m.width() == info.width()
-        && m.height() == info.height()
-        && m.n_planes() as usize == n
-        && m.offset().get(..n) == info.offset().get(..n)
-        && m.stride().get(..n) == info.stride().get(..n)
+    buffer
+        .meta::<gst_video::VideoMeta>()
+        .is_none_or(|m| same_layout(&m, info))
 }
