@@ -18,8 +18,10 @@
 //! (GStreamer >= 1.24) are run when installed, and skipped with a note otherwise.
 //!
 //! The same binary is the producer (`bench produce ...`) and the consumer (`bench consume ...`).
-//! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny` (64x64 GRAY8
-//! frames flat out), `bench gpu` (the cudasum table, with the pre-rendered producer),
+//! Parts on their own: `bench floor` (the eventfd wake-up floor), `bench tiny [--runs N]
+//! [--spin-us 300]` (64x64 GRAY8 frames flat out; each round measures the producer alone,
+//! gpushm, gpushm with spin-us on gpushmsink and gpushmsrc, and shm),
+//! `bench gpu` (the cudasum table, with the pre-rendered producer),
 //! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
 //! gpushm in low-latency mode (gpushmsrc spin-us) and shm, with medians, CPU share of each
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
@@ -202,7 +204,10 @@ fn produce(args: &[String]) -> Result<(), String> {
     let live = fps > 0;
     // A live source paces itself; no sink waits on the clock, so latency is the transport's.
     let sink = match transport.as_str() {
-        "gpushm" => format!("gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false"),
+        "gpushm" => format!(
+            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={}",
+            std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into())
+        ),
         // shmsink's allocator pads each buffer: tiny frames need more than 12 frames' bytes.
         "shm" => format!("shmsink name=sink socket-path={socket} wait-for-connection=true sync=false shm-size={}", (size * 12).max(4 << 20)),
         "unixfd" => format!("unixfdsink name=sink socket-path={socket} sync=false"),
@@ -1062,7 +1067,7 @@ fn orchestrate(plot_path: &str) {
             }
         }
     }
-    tiny_frames();
+    tiny_frames(1, 300);
     let title = format!(
         "gpushm vs shmsink/shmsrc, NV12: {} CPUs ({machine})",
         std::thread::available_parallelism().map_or(0, |n| n.get())
@@ -1200,38 +1205,98 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: 
 }
 
 /// The transport's own cost: 64x64 GRAY8 frames (4 KiB), producer flat out, lossless consumer.
-fn tiny_frames() {
-    println!("\n## Tiny frames: 64x64 GRAY8, producer flat out, lossless consumer\n");
+fn tiny_frames(runs: u64, spin: u64) {
     println!(
-        "| transport | producer alone fps | delivered fps | CPU µs/frame: producer / consumer |"
+        "\n## Tiny frames: 64x64 GRAY8, producer flat out, lossless consumer, {runs} round(s)\n"
     );
-    println!("|---|---|---|---|");
+    println!(
+        "| round | transport | producer alone fps | delivered fps | of the producer alone | CPU µs/frame: producer / consumer |"
+    );
+    println!("|---|---|---|---|---|---|");
     let frames = 20_000;
-    let alone = run_format("none", "GRAY8", 64, 64, frames, 0, false, false);
     let old = std::env::var("GPUSHM_BENCH_TIMEOUT").ok();
     std::env::set_var(
         "GPUSHM_BENCH_TIMEOUT",
         old.clone().unwrap_or_else(|| "30".into()),
     );
-    for t in ["gpushm", "shm"] {
-        let r = run_format(t, "GRAY8", 64, 64, frames, 0, false, false);
-        if r.consumer.is_none() {
-            // shmsink/shmsrc at this rate on a small machine: shmsink's streaming thread
-            // waits for free space that the frees it has not read yet would give, or both
-            // ends block in send() on each other's full socket.
+    // (label, transport, spin-us of gpushmsink and gpushmsrc)
+    let modes: Vec<(String, &str, u64)> = vec![
+        ("gpushm".into(), "gpushm", 0),
+        (format!("gpushm spin-us={spin}"), "gpushm", spin),
+        ("shm".into(), "shm", 0),
+    ];
+    // Per round: the producer alone, then every transport (alternating order), each against
+    // that round's producer-alone rate.
+    let mut alone_fps = vec![];
+    let mut share = vec![vec![]; modes.len()];
+    let mut delivered = vec![vec![]; modes.len()];
+    for round in 0..runs {
+        let alone = run_format("none", "GRAY8", 64, 64, frames, 0, false, false);
+        let a = f(&alone.producer, "fps");
+        alone_fps.push(a);
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..modes.len()).collect()
+        } else {
+            (0..modes.len()).rev().collect()
+        };
+        for i in order {
+            let (label, t, spin) = &modes[i];
+            std::env::set_var("GPUSHM_BENCH_SPIN_US", spin.to_string());
+            std::env::set_var("GPUSHM_BENCH_SINK_SPIN_US", spin.to_string());
+            let r = run_format(t, "GRAY8", 64, 64, frames, 0, false, false);
+            std::env::remove_var("GPUSHM_BENCH_SPIN_US");
+            std::env::remove_var("GPUSHM_BENCH_SINK_SPIN_US");
+            if r.consumer.is_none() {
+                // shmsink/shmsrc at this rate on a small machine: shmsink's streaming thread
+                // waits for free space that the frees it has not read yet would give, or both
+                // ends block in send() on each other's full socket.
+                println!(
+                    "| {} | {label} | {a:.0} | stalled: not all {frames} frames within {} s | | - |",
+                    round + 1,
+                    timeout_s()
+                );
+                delivered[i].push(0.0);
+                share[i].push(0.0);
+                continue;
+            }
+            let d = f(&r.consumer, "fps");
+            delivered[i].push(d);
+            share[i].push(d / a * 100.0);
             println!(
-                "| {t} | {:.0} | stalled: not all {frames} frames within {} s | - |",
-                f(&alone.producer, "fps"),
-                timeout_s()
+                "| {} | {label} | {a:.0} | {d:.0} | {:.0} % | {:.1} / {:.1} |",
+                round + 1,
+                d / a * 100.0,
+                f(&r.producer, "cpu_us_per_frame"),
+                f(&r.consumer, "cpu_us_per_frame"),
             );
-            continue;
         }
+    }
+    let median = |v: &[f64]| -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        match v.len() {
+            0 => f64::NAN,
+            n if n % 2 == 1 => v[n / 2],
+            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+        }
+    };
+    let shm = median(&delivered[modes.len() - 1]);
+    println!(
+        "\nMedians over {runs} round(s), producer alone {:.0} fps:\n",
+        median(&alone_fps)
+    );
+    println!("| transport | delivered fps | of the producer alone | against shm |");
+    println!("|---|---|---|---|");
+    for (i, (label, _, _)) in modes.iter().enumerate() {
         println!(
-            "| {t} | {:.0} | {:.0} | {:.1} / {:.1} |",
-            f(&alone.producer, "fps"),
-            f(&r.consumer, "fps"),
-            f(&r.producer, "cpu_us_per_frame"),
-            f(&r.consumer, "cpu_us_per_frame"),
+            "| {label} | {:.0} | {:.0} % | {} |",
+            median(&delivered[i]),
+            median(&share[i]),
+            if shm > 0.0 {
+                format!("{:.2}×", median(&delivered[i]) / shm)
+            } else {
+                "(shm stalled)".into()
+            }
         );
     }
     match old {
@@ -1566,7 +1631,7 @@ fn main() {
             Ok(())
         }
         Some("tiny") => {
-            tiny_frames();
+            tiny_frames(num(&args, "--runs", 1).max(1), num(&args, "--spin-us", 300));
             Ok(())
         }
         Some("gpu") => {

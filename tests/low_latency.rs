@@ -2,8 +2,10 @@
 //! The low-latency mode (`spin-us` on gpushmsrc, `ConnectOptions::spin`, Python's `spin_us`,
 //! the C options' `spin_us`), with real producer processes whose cadence changes: every frame
 //! arrives, complete and in order, through cadence changes, a pause of seconds and the end of
-//! the stream, and a paused stream costs the consumer (almost) nothing. Not timed: latency is
-//! measured by `bench latency`.
+//! the stream, and a paused stream costs the consumer (almost) nothing. The producer's side
+//! (gpushmsink `spin-us`, its wait for a lossless consumer's releases): every frame arrives,
+//! and a stuck consumer costs it one poll. Not timed: latency and rates are measured by
+//! `bench latency` and `bench tiny`.
 
 mod common;
 use common::*;
@@ -276,5 +278,133 @@ fn a_spin_budget_over_the_maximum_is_refused_saying_why() {
     assert!(
         t.elapsed() < Duration::from_secs(1),
         "refused before waiting"
+    );
+}
+
+/// A producer (pattern_producer) with gpushmsink's given `--sink-prop`s.
+fn producer_with(sock: &std::path::Path, args: &[&str]) -> Proc {
+    let mut c = example("pattern_producer");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--format",
+        "GRAY8",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--wait",
+    ]);
+    c.args(args);
+    let p = Proc::spawn(c, "pattern_producer");
+    wait_for_path(sock, Duration::from_secs(20));
+    p
+}
+
+/// gpushmsink spin-us: a producer flat out (not live) waits for its lossless consumer's
+/// releases by polling them. Every frame arrives intact and in order, waits end while polling
+/// (none do without the mode), and the producer polls once a frame at most.
+#[test]
+fn gpushmsink_spin_us_polls_for_releases_and_loses_nothing() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("sinkspin.sock");
+    const N: u64 = 3000;
+    let p = producer_with(
+        &sock,
+        &[
+            "--fps",
+            "0",
+            "--frames",
+            &N.to_string(),
+            "--sink-prop",
+            "spin-us=2000",
+        ],
+    );
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--expect",
+        &N.to_string(),
+    ]);
+    let checker = Proc::spawn(c, "frame_checker");
+    let (status, out) = checker.finish(Duration::from_secs(60));
+    let (ps, pout) = p.finish(Duration::from_secs(20));
+    assert!(ps.success(), "producer: {pout:?}");
+    assert!(status.success(), "checker: {out:?}");
+    let f = fields(&out, "SUMMARY ");
+    assert_eq!(num(&f, "frames"), N as f64, "{out:?}");
+    for k in ["bad", "gaps", "pts_errors", "dropped"] {
+        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
+    }
+    let st = fields(&pout, "STATS ");
+    let (caught, missed) = (num(&st, "spin-caught"), num(&st, "spin-missed"));
+    eprintln!("producer waits: {caught} ended while polling, {missed} asleep");
+    assert!(caught >= 1.0, "no wait ended while polling: {pout:?}");
+    assert!(
+        caught + missed <= N as f64,
+        "one poll a frame at most: {pout:?}"
+    );
+}
+
+/// gpushmsink spin-us=20000 with a lossless consumer that keeps every frame it takes (stuck
+/// at its budget) and max-wait of 1.5 s: the producer polls 20 ms once, sleeps out the rest of
+/// max-wait, and marks the consumer lagging; over 2.5 s it spends far less than a poll that
+/// ran to max-wait would (1.5 s), and the poll is counted as missed.
+#[test]
+fn gpushmsink_spin_us_stops_at_its_budget_for_a_stuck_consumer() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("stuck.sock");
+    let mut p = producer_with(
+        &sock,
+        &[
+            "--fps",
+            "30",
+            "--frames",
+            "150",
+            "--sink-prop",
+            "spin-us=20000",
+            "--sink-prop",
+            "max-wait=1500000000",
+        ],
+    );
+    let opts = gpushm::client::ConnectOptions {
+        mode: gpushm::client::Delivery::Lossless,
+        timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    p.wait_line("CONNECTED", Duration::from_secs(20));
+    // Held: the producer's budget for this client is half its 8 slots.
+    let mut held = Vec::new();
+    while held.len() < 4 {
+        match sub.next_frame(Some(Duration::from_secs(10))) {
+            Ok(Some(f)) => held.push(f),
+            r => panic!("frame {}: {:?}", held.len(), r.map(|f| f.is_some())),
+        }
+    }
+    let pid = p.child.id();
+    let cpu0 = process_cpu_time(pid);
+    std::thread::sleep(Duration::from_millis(2500));
+    let cpu = process_cpu_time(pid).saturating_sub(cpu0);
+    // Let go and read on to the end of the stream (the producer waits for a consumer).
+    drop(held);
+    while let Ok(Some(_)) = sub.next_frame(Some(Duration::from_secs(10))) {}
+    drop(sub);
+    let (ps, pout) = p.finish(Duration::from_secs(20));
+    eprintln!("producer CPU over 2.5 s with a stuck consumer: {cpu:?}");
+    assert!(ps.success(), "producer: {pout:?}");
+    let st = fields(&pout, "STATS ");
+    assert!(num(&st, "times-lagged") >= 1.0, "{pout:?}");
+    assert!(num(&st, "spin-missed") >= 1.0, "{pout:?}");
+    assert!(
+        cpu < Duration::from_millis(700),
+        "the producer spent {cpu:?} of CPU over 2.5 s: its poll did not stop at 20 ms"
     );
 }

@@ -88,6 +88,7 @@ struct Settings {
     max_clients: u32,
     allow_writable_ring: bool,
     max_buffer_size: u32,
+    spin_us: u32,
 }
 
 impl Default for Settings {
@@ -106,6 +107,7 @@ impl Default for Settings {
             max_clients: DEFAULT_MAX_CLIENTS,
             allow_writable_ring: DEFAULT_ALLOW_WRITABLE_RING,
             max_buffer_size: DEFAULT_MAX_BUFFER_SIZE,
+            spin_us: 0,
         }
     }
 }
@@ -236,6 +238,7 @@ impl GpuShmSink {
                 s.client_budget.min(s.slots)
             } as usize,
             max_wait,
+            spin: std::time::Duration::from_micros(s.spin_us as u64),
         }
     }
 
@@ -246,6 +249,8 @@ impl GpuShmSink {
                 .field("frames-copied", 0u64)
                 .field("frames-dropped", 0u64)
                 .field("times-lagged", 0u64)
+                .field("spin-caught", 0u64)
+                .field("spin-missed", 0u64)
                 .field("clients", gst::Array::new(Vec::<gst::Structure>::new()))
                 .build();
         };
@@ -285,6 +290,8 @@ impl GpuShmSink {
             .field("frames-copied", s.frames_copied)
             .field("frames-dropped", s.frames_dropped)
             .field("times-lagged", s.times_lagged)
+            .field("spin-caught", s.spin_caught)
+            .field("spin-missed", s.spin_missed)
             .field("clients", gst::Array::new(clients))
             .build()
     }
@@ -1220,6 +1227,13 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(DEFAULT_MAX_WAIT)
                     .mutable_playing()
                     .build(),
+                glib::ParamSpecUInt::builder("spin-us")
+                    .nick("Low-latency poll budget")
+                    .blurb("Low-latency mode of the wait for a lossless consumer at its budget: poll its releases for up to this many microseconds before sleeping (a wake-up through the connection thread costs two thread hops), at most once per frame and never past max-wait. 0 = off. Counted in stats as spin-caught and spin-missed")
+                    .maximum(gpushm::client::MAX_SPIN.as_micros() as u32)
+                    .default_value(0)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecUInt::builder("client-budget")
                     .nick("Client budget")
                     .blurb("Slots one consumer may reference at once (0 = half the slots). gpushmsrc keeps fewer than this zero-copy and copies further frames into system memory (counted as frames-copied), so downstream elements that keep frames (encoders, queues, sinks keeping their last buffer) never stall the stream. The other consumers always keep slots to run on")
@@ -1256,7 +1270,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecBoxed::builder::<gst::Structure>("stats")
                     .nick("Statistics")
-                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), and per client: id, pid, mode (leaky, lossless or auto, as the consumer asked), lossless (whether it is waited for: its mode applied to this stream), frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds), uid, name (as the consumer gave it), frames-taken, frames-skipped (of frames-dropped, those never handed over because it held its whole budget), latency-p50 and latency-p99 (ns from publish to the consumer taking the frame, its own figures; -1 before its first frame). `gpushm top` shows the same figures from outside the pipeline")
+                    .blurb("frames-sent, frames-copied (buffers not from the ring's pool), frames-dropped (frames a consumer did not get: taken back because it fell behind, or skipped while it held its whole client-budget or was lagging), times-lagged (times a lossless consumer was marked lagging), spin-caught and spin-missed (waits for a lossless consumer that spin-us polling ended, and that ended asleep all the same), and per client: id, pid, mode (leaky, lossless or auto, as the consumer asked), lossless (whether it is waited for: its mode applied to this stream), frames-sent, frames-dropped, held-slots, frames-copied (frames that consumer copied out of the ring because its downstream kept its zero-copy ones), lagging, times-lagged, closed (the consumer stopped taking frames and keeps those its app still holds), uid, name (as the consumer gave it), frames-taken, frames-skipped (of frames-dropped, those never handed over because it held its whole budget), latency-p50 and latency-p99 (ns from publish to the consumer taking the frame, its own figures; -1 before its first frame). `gpushm top` shows the same figures from outside the pipeline")
                     .read_only()
                     .build(),
             ]
@@ -1296,6 +1310,7 @@ impl ObjectImpl for GpuShmSink {
             "cuda-register" => s.cuda_register = value.get().expect("type checked"),
             "max-wait" => s.max_wait = value.get().expect("type checked"),
             "client-budget" => s.client_budget = value.get().expect("type checked"),
+            "spin-us" => s.spin_us = value.get().expect("type checked"),
             "max-clients" => s.max_clients = value.get().expect("type checked"),
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
             "max-buffer-size" => s.max_buffer_size = value.get().expect("type checked"),
@@ -1327,6 +1342,7 @@ impl ObjectImpl for GpuShmSink {
             "cuda-register" => self.settings().cuda_register.to_value(),
             "max-wait" => self.settings().max_wait.to_value(),
             "client-budget" => self.settings().client_budget.to_value(),
+            "spin-us" => self.settings().spin_us.to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
             "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
             "max-buffer-size" => self.settings().max_buffer_size.to_value(),

@@ -14,10 +14,11 @@
 //! seed prototype: a 4x4 GRAY8 frame sums to 136), --realtime-clock (the pipeline runs on
 //! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC), --schedule "30x30,5x10,p3000,60x60"
 //! (a live producer whose cadence changes: N frames at FPS for each FPSxN, a pause of MS ms
-//! for each pMS; replaces --frames and --fps).
+//! for each pMS; replaces --frames and --fps), --sink-prop NAME=VALUE (a gpushmsink property;
+//! repeatable).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
-//! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..`
-//! at the end.
+//! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..
+//! spin-caught=.. spin-missed=..` at the end.
 
 use gst::prelude::*;
 
@@ -36,6 +37,8 @@ struct Args {
     realtime_clock: bool,
     /// Each frame's PTS (from the first frame's) and duration, ns: --schedule.
     schedule: Option<Vec<(u64, u64)>>,
+    /// gpushmsink properties, NAME=VALUE: --sink-prop (repeatable).
+    sink_props: Vec<(String, String)>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -53,6 +56,7 @@ fn parse() -> Result<Args, String> {
         seed: false,
         realtime_clock: false,
         schedule: None,
+        sink_props: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -67,6 +71,13 @@ fn parse() -> Result<Args, String> {
             "--fps" => a.fps = v()?.parse().map_err(|e| format!("--fps: {e}"))?,
             "--slots" => a.slots = v()?.parse().map_err(|e| format!("--slots: {e}"))?,
             "--copy" => a.copy = true,
+            "--sink-prop" => {
+                let p = v()?;
+                let (k, val) = p
+                    .split_once('=')
+                    .ok_or(format!("--sink-prop {p}: not NAME=VALUE"))?;
+                a.sink_props.push((k.into(), val.into()));
+            }
             "--wait" => a.wait = true,
             "--seed" => a.seed = true,
             "--realtime-clock" => a.realtime_clock = true,
@@ -133,6 +144,9 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         .property("slots", a.slots)
         .property("sync", a.fps > 0)
         .build()?;
+    for (k, v) in &a.sink_props {
+        sink.set_property_from_str(k, v);
+    }
     if a.stream.is_empty() {
         sink.set_property("socket-path", &a.socket);
     } else {
@@ -251,11 +265,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let stats = sink.property::<gst::Structure>("stats");
     println!(
-        "STATS frames-sent={} frames-copied={} frames-dropped={} times-lagged={}",
+        "STATS frames-sent={} frames-copied={} frames-dropped={} times-lagged={} spin-caught={} spin-missed={}",
         stats.get::<u64>("frames-sent")?,
         stats.get::<u64>("frames-copied")?,
         stats.get::<u64>("frames-dropped")?,
-        stats.get::<u64>("times-lagged")?
+        stats.get::<u64>("times-lagged")?,
+        stats.get::<u64>("spin-caught")?,
+        stats.get::<u64>("spin-missed")?
     );
     if let Some(p) = pool {
         let _ = p.set_active(false);
