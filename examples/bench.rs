@@ -66,6 +66,19 @@ fn rusage() -> (u64, u64) {
     }
 }
 
+/// Minor page faults and context switches (voluntary, involuntary) of this process so far.
+fn faults_and_switches() -> (u64, u64, u64) {
+    use nix::sys::resource::{getrusage, UsageWho};
+    match getrusage(UsageWho::RUSAGE_SELF) {
+        Ok(r) => (
+            r.minor_page_faults() as u64,
+            r.voluntary_context_switches() as u64,
+            r.involuntary_context_switches() as u64,
+        ),
+        Err(_) => (0, 0, 0),
+    }
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -301,6 +314,7 @@ fn subscribe(args: &[String]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut lat = Vec::with_capacity(frames);
     let (mut cpu0, mut first, mut last) = (0, 0, 0);
+    let mut fs0 = (0, 0, 0);
     while lat.len() < frames {
         let f = match sub.next_frame(Some(Duration::from_secs(10))) {
             Ok(Some(f)) => f,
@@ -317,23 +331,28 @@ fn subscribe(args: &[String]) -> Result<(), String> {
         drop(f);
         if lat.is_empty() {
             cpu0 = rusage().0;
+            fs0 = faults_and_switches();
             first = t;
         }
         last = t;
         lat.push(t.saturating_sub(u64::from_le_bytes(stamp)));
     }
     let cpu = rusage().0.saturating_sub(cpu0);
+    let fs = faults_and_switches();
     let n = lat.len();
     let skip = if n > 20 { 10 } else { 0 };
     let mut l = lat[skip..].to_vec();
     l.sort_unstable();
     println!(
-        "CONSUMER frames={n} fps={:.1} p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1}",
+        "CONSUMER frames={n} fps={:.1} p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} minflt_per_frame={:.2} nvcsw_per_frame={:.2} nivcsw_per_frame={:.2}",
         if n > 1 { (n - 1) as f64 * 1e9 / (last - first).max(1) as f64 } else { 0.0 },
         percentile(&l, 0.5) as f64 / 1e3,
         percentile(&l, 0.99) as f64 / 1e3,
         l.last().copied().unwrap_or(0) as f64 / 1e3,
         cpu as f64 / n.saturating_sub(1).max(1) as f64,
+        (fs.0 - fs0.0) as f64 / n.saturating_sub(1).max(1) as f64,
+        (fs.1 - fs0.1) as f64 / n.saturating_sub(1).max(1) as f64,
+        (fs.2 - fs0.2) as f64 / n.saturating_sub(1).max(1) as f64,
     );
     Ok(())
 }
@@ -351,8 +370,8 @@ fn capi_mode(args: &[String]) {
         return;
     }
     println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds)\n");
-    println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) |");
-    println!("|---|---|---|---|");
+    println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) | per frame: minor faults / context switches (voluntary, involuntary) |");
+    println!("|---|---|---|---|---|");
     for (name, format, w, h) in [
         ("64x64 GRAY8", "GRAY8", 64, 64),
         ("1080p NV12", "NV12", 1920, 1080),
@@ -367,10 +386,13 @@ fn capi_mode(args: &[String]) {
                 let r = run_format(t, format, w, h, frames, 60, false, false);
                 let c = &r.consumer;
                 println!(
-                    "| {name} | {label} | {:.1} / {:.1} | {:.1} |",
+                    "| {name} | {label} | {:.1} / {:.1} | {:.1} | {:.2} / {:.2}, {:.2} |",
                     f(c, "p50_us"),
                     f(c, "p99_us"),
-                    f(c, "cpu_us_per_frame")
+                    f(c, "cpu_us_per_frame"),
+                    f(c, "minflt_per_frame"),
+                    f(c, "nvcsw_per_frame"),
+                    f(c, "nivcsw_per_frame"),
                 );
                 cpu.entry(t).or_default().push(f(c, "cpu_us_per_frame"));
             }
@@ -380,7 +402,7 @@ fn capi_mode(args: &[String]) {
             v.iter().sum::<f64>() / v.len() as f64
         };
         println!(
-            "| {name} | C / Rust CPU per frame | | {:.0} % |",
+            "| {name} | C / Rust CPU per frame | | {:.0} % | |",
             mean("capi") / mean("sub") * 100.0
         );
     }
@@ -449,8 +471,10 @@ fn consume(args: &[String]) -> Result<(), String> {
     // gpushmsrc's low-latency figures, read at the last frame (they go with the source's
     // state when it stops).
     let spin = Arc::new(Mutex::new((0u64, 0u64)));
+    let fs0 = Arc::new(Mutex::new((0u64, 0u64, 0u64)));
     {
         let done = done.clone();
+        let fs0 = fs0.clone();
         let weak = pipeline.downgrade();
         let spin = spin.clone();
         let src = bin
@@ -467,6 +491,7 @@ fn consume(args: &[String]) -> Result<(), String> {
                 if g.2 == 0 {
                     g.0 = t;
                     g.3 = rusage().0;
+                    *fs0.lock().unwrap() = faults_and_switches();
                 }
                 g.1 = t;
                 g.2 += 1;
@@ -523,14 +548,19 @@ fn consume(args: &[String]) -> Result<(), String> {
         0.0
     };
     let (caught, missed) = *spin.lock().unwrap();
+    let (fs, fs0) = (faults_and_switches(), *fs0.lock().unwrap());
+    let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / count.saturating_sub(1).max(1) as f64;
     println!(
-        "CONSUMER frames={count} fps={fps:.1} p50_us={:.1} producer_p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} rss_kib={rss} gbps={:.1} spin_caught={caught} spin_missed={missed}",
+        "CONSUMER frames={count} fps={fps:.1} p50_us={:.1} producer_p50_us={:.1} p99_us={:.1} max_us={:.1} cpu_us_per_frame={:.1} rss_kib={rss} gbps={:.1} spin_caught={caught} spin_missed={missed} minflt_per_frame={:.2} nvcsw_per_frame={:.2} nivcsw_per_frame={:.2}",
         percentile(&l, 0.5) as f64 / 1e3,
         percentile(&producer_part, 0.5) as f64 / 1e3,
         percentile(&l, 0.99) as f64 / 1e3,
         l.last().copied().unwrap_or(0) as f64 / 1e3,
         cpu_us as f64 / count.saturating_sub(1).max(1) as f64,
         g.get(g.len() / 2).copied().unwrap_or(0.0),
+        per(fs.0, fs0.0),
+        per(fs.1, fs0.1),
+        per(fs.2, fs0.2),
     );
     Ok(())
 }

@@ -30,6 +30,16 @@ static uint64_t cpu_us(void)
            (uint64_t)(r.ru_utime.tv_usec + r.ru_stime.tv_usec);
 }
 
+/* Minor page faults and context switches (voluntary, involuntary) of this process so far. */
+static void faults_and_switches(long out[3])
+{
+    struct rusage r;
+    getrusage(RUSAGE_SELF, &r);
+    out[0] = r.ru_minflt;
+    out[1] = r.ru_nvcsw;
+    out[2] = r.ru_nivcsw;
+}
+
 static int cmp(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -54,6 +64,7 @@ int main(int argc, char **argv)
         return 1;
     }
     uint64_t cpu0 = 0, first = 0, last = 0;
+    long fs0[3] = {0, 0, 0}, fs[3];
     int got = 0;
     while (got < n) {
         gpushm_frame *f = NULL;
@@ -72,21 +83,27 @@ int main(int argc, char **argv)
         gpushm_frame_destroy(f);
         if (got == 0) {
             cpu0 = cpu_us();
+            faults_and_switches(fs0);
             first = t;
         }
         last = t;
         lat[got++] = t > stamp ? t - stamp : 0;
     }
     uint64_t cpu = cpu_us() - cpu0;
+    faults_and_switches(fs);
     gpushm_subscriber_destroy(s);
     /* The first frames waited for the connection: warm-up, not latency. */
     int skip = got > 20 ? 10 : 0;
     qsort(lat + skip, (size_t)(got - skip), sizeof *lat, cmp);
     int m = got - skip;
-    printf("CONSUMER frames=%d fps=%.1f p50_us=%.1f p99_us=%.1f max_us=%.1f cpu_us_per_frame=%.1f\n", got,
+    double per = got > 1 ? 1.0 / (got - 1) : 0.0;
+    printf("CONSUMER frames=%d fps=%.1f p50_us=%.1f p99_us=%.1f max_us=%.1f cpu_us_per_frame=%.1f "
+           "minflt_per_frame=%.2f nvcsw_per_frame=%.2f nivcsw_per_frame=%.2f\n",
+           got,
            got > 1 ? (got - 1) * 1e9 / (double)(last - first) : 0.0, m ? lat[skip + m / 2] / 1e3 : 0.0,
            m ? lat[skip + (m * 99) / 100] / 1e3 : 0.0, m ? lat[got - 1] / 1e3 : 0.0,
-           got > 1 ? (double)cpu / (got - 1) : 0.0);
+           got > 1 ? (double)cpu / (got - 1) : 0.0, (fs[0] - fs0[0]) * per, (fs[1] - fs0[1]) * per,
+           (fs[2] - fs0[2]) * per);
     free(lat);
     return got == n ? 0 : 1;
 }
