@@ -925,9 +925,10 @@ fn pull_within(src: &mut Harness, within: Duration) -> Option<gst::Buffer> {
 
 /// gpushmsink takes buffers around GstBaseSink's chain function when it would only call
 /// render() (sync=false, playing): what GstBaseSink does for each buffer must still happen.
-/// Out-of-segment buffers are dropped, the position query answers the last buffer's stream
-/// time, settings changed through GstBaseSink's setters (which notify nobody) send buffers
-/// back its way (a last sample is kept), EOS refuses buffers, and a flush starts over.
+/// Out-of-segment buffers are dropped, the position query answers the last buffer's (or
+/// gap's) stream time and the end after EOS, settings changed through GstBaseSink's setters
+/// (which notify nobody) send buffers back its way (a last sample is kept), EOS refuses
+/// buffers, a flush starts over, and a stopped sink has no position.
 #[test]
 fn buffers_around_basesink_keep_segment_position_settings_and_eos() {
     init();
@@ -992,8 +993,14 @@ fn buffers_around_basesink_keep_segment_position_settings_and_eos() {
     drop(last);
     last_sample_enabled(false);
 
-    // After EOS, buffers are refused with EOS, whichever way they would go.
+    // A gap counts as position, as a buffer does.
+    assert!(sink.push_event(gst::event::Gap::builder(ms(1500)).duration(ms(40)).build()));
+    assert_eq!(position(), Some(ms(1500)));
+
+    // After EOS, buffers are refused with EOS, whichever way they would go, and the position
+    // is where the stream ended.
     assert!(sink.push_event(gst::event::Eos::new()));
+    assert_eq!(position(), Some(ms(1540)));
     assert_eq!(sink.push(gray_frame(32, 64, 48)), Err(gst::FlowError::Eos));
     // A flush starts over: frames flow again, from a new segment.
     assert!(sink.push_event(gst::event::FlushStart::new()));
@@ -1005,6 +1012,9 @@ fn buffers_around_basesink_keep_segment_position_settings_and_eos() {
     let stats = el.property::<gst::Structure>("stats");
     assert_eq!(stats.get::<u64>("frames-sent").unwrap(), 4);
     assert_eq!(position(), Some(ms(1320)));
+    // No position once stopped (GstBaseSink has none either).
+    el.set_state(gst::State::Ready).unwrap();
+    assert_eq!(position(), None);
 }
 
 /// A live pipeline with sync=false (buffers around GstBaseSink) pauses and plays again:
@@ -1050,6 +1060,10 @@ fn a_non_syncing_live_sink_pauses_and_resumes() {
         .expect("position");
     producer.set_state(gst::State::Paused).unwrap();
     std::thread::sleep(Duration::from_millis(200));
+    let paused = producer
+        .query_position::<gst::ClockTime>()
+        .expect("position");
+    assert!(paused >= pos1, "position {pos1}, then {paused} once paused");
     // Whatever was on its way before the pause.
     while out
         .try_pull_sample(gst::ClockTime::from_mseconds(100))

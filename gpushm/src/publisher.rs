@@ -1176,9 +1176,11 @@ impl<P: Send + 'static> Publisher<P> {
                 // Low-latency mode: poll the full clients' releases, for the budget at most,
                 // before sleeping. Our lock is let go between looks.
                 spun = true;
-                let until = deadline.map_or(Instant::now() + policy.spin, |d| {
-                    d.min(Instant::now() + policy.spin)
-                });
+                // Never past max-wait, nor past a bounded client's hold credit.
+                let until = [deadline, credit_end]
+                    .into_iter()
+                    .flatten()
+                    .fold(Instant::now() + policy.spin, Instant::min);
                 let caught = loop {
                     drop(guard);
                     for _ in 0..SPIN_PAUSES {

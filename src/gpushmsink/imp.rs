@@ -174,10 +174,11 @@ struct Direct {
     stepped: AtomicBool,
     /// EOS came (cleared by FLUSH_STOP and STREAM_START, as GstBaseSink does).
     eos: AtomicBool,
-    /// The last buffer went the direct way: position queries are answered from `position`.
-    last_direct: AtomicBool,
-    /// The last buffer's start and stop clipped to the segment (whose stream time GstBaseSink
-    /// reports as the position without sync), NONE_U64 for none.
+    /// The start and stop of the last buffer rendered (either way) or GAP event, clipped to the
+    /// segment: without sync, position queries are answered with their stream time, as
+    /// GstBaseSink does from the times it keeps (which buffers of the direct way do not reach).
+    /// NONE_U64 for none; both NONE_U64 until the first buffer after a start or flush. (Two
+    /// loads: a query racing a frame may see one of each, told apart only playing backwards.)
     position: [AtomicU64; 2],
 }
 
@@ -793,9 +794,8 @@ impl GpuShmSink {
 
 impl Direct {
     fn forget_position(&self) {
-        self.last_direct.store(false, Ordering::SeqCst);
         for p in &self.position {
-            p.store(NONE_U64, Ordering::SeqCst);
+            p.store(NONE_U64, Ordering::Relaxed);
         }
     }
 }
@@ -819,7 +819,11 @@ impl GpuShmSink {
         unsafe {
             pad.set_chain_function(|pad, parent, buffer| {
                 match parent.and_then(|p| p.downcast_ref::<super::GpuShmSink>()) {
-                    Some(sink) => sink.imp().chain(pad, buffer),
+                    // A panic is an element error, as in GstBaseSink's way (the pad's
+                    // trampoline catches none).
+                    Some(sink) => gst::panic_to_error!(sink.imp(), Err(gst::FlowError::Error), {
+                        sink.imp().chain(pad, buffer)
+                    }),
                     None => Err(gst::FlowError::Error),
                 }
             });
@@ -885,7 +889,6 @@ impl GpuShmSink {
                 glib::ffi::g_mutex_unlock(&mut (*bs).preroll_lock);
             }
         }
-        self.direct.last_direct.store(false, Ordering::SeqCst);
         let Some(BaseChain(base)) = self.direct.base_chain.get() else {
             return Err(gst::FlowError::Error);
         };
@@ -902,9 +905,8 @@ impl GpuShmSink {
     }
 
     /// GstBaseSink's segment handling for a buffer of the direct way: whether it is in the
-    /// segment (clipped on its PTS and duration), and its times kept as GstBaseSink keeps
-    /// them: the segment's position, and the clipped times whose stream time position
-    /// queries report.
+    /// segment (clipped on its PTS and duration), and the segment's position moved as
+    /// GstBaseSink moves it.
     fn clip_direct(&self, segment: &mut gst::ffi::GstSegment, buffer: &gst::BufferRef) -> bool {
         // GstBaseSink's default get_times: DTS, or PTS; the end after the duration.
         let Some(start) = buffer.dts().or(buffer.pts()) else {
@@ -912,15 +914,7 @@ impl GpuShmSink {
         };
         let end = buffer.duration().map(|d| start.saturating_add(d));
         let pts = buffer.pts().unwrap_or(start);
-        let (cstart, cstop) = if segment.stop == u64::MAX
-            && segment.rate > 0.0
-            && start.nseconds() >= segment.start
-            && pts.nseconds() >= segment.start
-        {
-            // An open segment that started before the buffer (every live stream's): the
-            // buffer is in it and clipping changes nothing (gst_segment_clip's rules).
-            (Some(start), end)
-        } else {
+        if !open_from(segment, start.min(pts)) {
             // SAFETY: a time segment (checked by the caller), borrowed for this call.
             let seg = unsafe { gst::Segment::from_glib_ptr_borrow(segment) };
             let Some(seg) = seg.downcast_ref::<gst::format::Time>() else {
@@ -932,32 +926,57 @@ impl GpuShmSink {
             {
                 return false;
             }
-            match seg.clip(start, end) {
-                Some(c) => c,
-                // In the segment by its PTS, not by its DTS: GstBaseSink renders it without
-                // syncing, and keeps its times as they were.
-                None => return true,
-            }
-        };
-        let position = match (end, cstop) {
-            (Some(_), Some(c)) => Some(c),
-            _ => cstart,
-        };
-        segment.position = position.map_or(gst::ffi::GST_CLOCK_TIME_NONE, |t| t.nseconds());
-        let ns = |t: Option<gst::ClockTime>| t.map_or(NONE_U64, |t| t.nseconds());
-        self.direct.position[0].store(ns(cstart), Ordering::Relaxed);
-        self.direct.position[1].store(ns(cstop), Ordering::Relaxed);
-        self.direct.last_direct.store(true, Ordering::Release);
+        }
+        if let Some((cstart, cstop)) = clipped(segment, start, end) {
+            let position = match (end, cstop) {
+                (Some(_), Some(c)) => Some(c),
+                _ => cstart,
+            };
+            segment.position = position.map_or(gst::ffi::GST_CLOCK_TIME_NONE, |t| t.nseconds());
+        }
         true
     }
 
+    /// Keeps the times of what was rendered (a buffer, or a GAP event's span) for position
+    /// queries: `start` to `end`, clipped to the segment (called with the stream lock held).
+    fn note_position(&self, start: Option<gst::ClockTime>, end: Option<gst::ClockTime>) {
+        let obj = self.obj();
+        // SAFETY: GstBaseSink changes its segment only with the stream lock held, as here.
+        let segment = unsafe { &(*(obj.as_ptr() as *const gst_base::ffi::GstBaseSink)).segment };
+        let Some(start) = start else {
+            return;
+        };
+        if segment.format != gst::ffi::GST_FORMAT_TIME {
+            return;
+        }
+        if let Some((cstart, cstop)) = clipped(segment, start, end) {
+            let ns = |t: Option<gst::ClockTime>| t.map_or(NONE_U64, |t| t.nseconds());
+            self.direct.position[0].store(ns(cstart), Ordering::Relaxed);
+            self.direct.position[1].store(ns(cstop), Ordering::Relaxed);
+        }
+    }
+
     /// The position GstBaseSink reports without sync: the stream time of the last buffer's
-    /// start (of its stop when playing backwards).
+    /// start (of its stop when playing backwards, or after EOS). `None` before any buffer,
+    /// without a time segment, or with sync (GstBaseSink answers then).
     fn direct_position(&self) -> Option<gst::ClockTime> {
         let start = self.direct.position[0].load(Ordering::Relaxed);
         let stop = self.direct.position[1].load(Ordering::Relaxed);
+        if start == NONE_U64 && stop == NONE_U64 {
+            return None;
+        }
+        let eos = self.direct.eos.load(Ordering::SeqCst);
         let obj = self.obj();
+        let bs = obj.as_ptr() as *mut gst_base::ffi::GstBaseSink;
+        // SAFETY: GstBaseSink's getter on our instance (it takes the object lock).
+        if unsafe { gst_base::ffi::gst_base_sink_get_sync(bs) } != 0 {
+            return None;
+        }
         let _lock = obj.object_lock();
+        // SAFETY: read under the object lock, as GstBaseSink's position query does.
+        if unsafe { (*bs).have_newsegment } == 0 {
+            return None;
+        }
         // SAFETY: the segment, read under the object lock as GstBaseSink's position query
         // does.
         let seg = unsafe {
@@ -973,12 +992,33 @@ impl GpuShmSink {
         };
         let sstart = stream(start);
         let sstop = stream(stop).or(sstart);
-        if sstop.is_none() || seg.rate() > 0.0 {
+        if !eos && (sstop.is_none() || seg.rate() > 0.0) {
             sstart
         } else {
             sstop
         }
     }
+}
+
+/// Whether `segment` is an open time segment that started by `t`: every buffer from `t` on
+/// is in it, and clipping changes nothing (gst_segment_clip's rules). Every live stream's.
+fn open_from(segment: &gst::ffi::GstSegment, t: gst::ClockTime) -> bool {
+    segment.stop == u64::MAX && segment.rate > 0.0 && t.nseconds() >= segment.start
+}
+
+/// `start`..`end` clipped to the time `segment` (`None`: outside it), as GstBaseSink clips a
+/// buffer's times.
+fn clipped(
+    segment: &gst::ffi::GstSegment,
+    start: gst::ClockTime,
+    end: Option<gst::ClockTime>,
+) -> Option<(Option<gst::ClockTime>, Option<gst::ClockTime>)> {
+    if open_from(segment, start) {
+        return Some((Some(start), end));
+    }
+    // SAFETY: a segment read in place for this call.
+    let seg = unsafe { gst::Segment::from_glib_ptr_borrow(segment) };
+    seg.downcast_ref::<gst::format::Time>()?.clip(start, end)
 }
 
 /// The frame description of `info`'s own layout: format, size and planes (what every frame
@@ -1356,6 +1396,21 @@ impl ObjectImpl for GpuShmSink {
 impl GstObjectImpl for GpuShmSink {}
 
 impl ElementImpl for GpuShmSink {
+    fn change_state(
+        &self,
+        transition: gst::StateChange,
+    ) -> Result<gst::StateChangeSuccess, gst::StateChangeError> {
+        if transition == gst::StateChange::ReadyToPaused {
+            // GstBaseSink starts each stream with a latency of 0.
+            self.latency.store(0, Ordering::Relaxed);
+        }
+        let r = self.parent_change_state(transition);
+        if transition == gst::StateChange::PausedToReady {
+            self.direct.forget_position();
+        }
+        r
+    }
+
     fn send_event(&self, event: gst::Event) -> bool {
         match event.view() {
             // Kept here too, for frames' latency field without GstBaseSink's object lock.
@@ -1370,10 +1425,10 @@ impl ElementImpl for GpuShmSink {
     }
 
     fn query(&self, query: &mut gst::QueryRef) -> bool {
-        // Buffers that went the direct way did not tell GstBaseSink their times: the
-        // position it reports without sync (the last buffer's stream time) is answered here.
+        // Buffers that went the direct way did not tell GstBaseSink their times: without sync,
+        // the position it reports (the last buffer's stream time) is answered here.
         if let gst::QueryViewMut::Position(q) = query.view_mut() {
-            if q.format() == gst::Format::Time && self.direct.last_direct.load(Ordering::Acquire) {
+            if q.format() == gst::Format::Time {
                 if let Some(pos) = self.direct_position() {
                     q.set(pos);
                     return true;
@@ -1608,6 +1663,11 @@ impl BaseSinkImpl for GpuShmSink {
                     s.send_eos();
                 }
             }
+            gst::EventView::Gap(g) => {
+                // GstBaseSink counts a gap's span as position, as a buffer's.
+                let (ts, dur) = g.get();
+                self.note_position(Some(ts), dur.map(|d| ts.saturating_add(d)));
+            }
             gst::EventView::FlushStop(_) | gst::EventView::StreamStart(_) => {
                 self.direct.eos.store(false, Ordering::SeqCst);
                 self.direct.forget_position();
@@ -1641,6 +1701,13 @@ impl BaseSinkImpl for GpuShmSink {
     }
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        let start = buffer.dts().or(buffer.pts());
+        self.note_position(
+            start,
+            buffer
+                .duration()
+                .and_then(|d| Some(start?.saturating_add(d))),
+        );
         // The caps are cloned only where they are needed (a new ring, a copy): off the way of a
         // frame rendered into our pool.
         let caps_of = || match &*self.state() {
