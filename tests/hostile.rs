@@ -1449,9 +1449,11 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
     let (from, cpu0) = (now(), process_cpu_time(p.child.id()));
     std::thread::sleep(Duration::from_millis(1500));
     let asked = Instant::now();
+    // (Answered in 0.25-0.66 s on the 2-core dev VM, with a tail past 1 s in about one run of
+    // eight: 2 s keeps the test about the attack, not about the machine's load.)
     let honest = gpushm::client::query(
         &gpushm::names::Endpoint::Path(sock.clone()),
-        Duration::from_secs(1),
+        Duration::from_secs(2),
     );
     let took = asked.elapsed();
     let late = connect_and_take(&sock);
@@ -1474,7 +1476,7 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
     assert_full_rate(&out, from, to);
     let honest = honest.expect("an honest query during the attack");
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(2),
         "the honest query took {took:?}"
     );
     assert!(
