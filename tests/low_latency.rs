@@ -26,6 +26,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn producer(sock: &std::path::Path) -> Proc {
+    producer_with(sock, &["--schedule", SCHEDULE])
+}
+
+/// A 64x48 GRAY8 pattern_producer that waits for its first consumer, with `args` (its frame
+/// rate, count, schedule, gpushmsink properties).
+fn producer_with(sock: &std::path::Path, args: &[&str]) -> Proc {
     let mut c = example("pattern_producer");
     c.args([
         "--socket",
@@ -37,12 +43,22 @@ fn producer(sock: &std::path::Path) -> Proc {
         "--height",
         "48",
         "--wait",
-        "--schedule",
-        SCHEDULE,
     ]);
+    c.args(args);
     let p = Proc::spawn(c, "pattern_producer");
     wait_for_path(sock, Duration::from_secs(20));
     p
+}
+
+/// frame_checker's SUMMARY: all `n` frames, every byte as drawn, no gap, PTS in order,
+/// nothing dropped.
+fn assert_every_frame(out: &[String], n: u64) -> std::collections::HashMap<String, String> {
+    let f = fields(out, "SUMMARY ");
+    assert_eq!(num(&f, "frames"), n as f64, "{out:?}");
+    for k in ["bad", "gaps", "pts_errors", "dropped"] {
+        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
+    }
+    f
 }
 
 fn thread_cpu() -> Duration {
@@ -153,11 +169,7 @@ fn gpushmsrc_spin_us_delivers_every_frame_and_idles_for_free() {
     eprintln!("consumer CPU over 2 s of pause: {paused_cpu:?}");
     assert!(ps.success(), "producer: {pout:?}");
     assert!(status.success(), "checker: {out:?}");
-    let f = fields(&out, "SUMMARY ");
-    assert_eq!(num(&f, "frames"), FRAMES as f64, "{out:?}");
-    for k in ["bad", "gaps", "pts_errors", "dropped"] {
-        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
-    }
+    let f = assert_every_frame(&out, FRAMES);
     assert!(
         paused_cpu < Duration::from_millis(200),
         "gpushmsrc spent {paused_cpu:?} of CPU over 2 s of pause"
@@ -281,26 +293,6 @@ fn a_spin_budget_over_the_maximum_is_refused_saying_why() {
     );
 }
 
-/// A producer (pattern_producer) with gpushmsink's given `--sink-prop`s.
-fn producer_with(sock: &std::path::Path, args: &[&str]) -> Proc {
-    let mut c = example("pattern_producer");
-    c.args([
-        "--socket",
-        sock.to_str().unwrap(),
-        "--format",
-        "GRAY8",
-        "--width",
-        "64",
-        "--height",
-        "48",
-        "--wait",
-    ]);
-    c.args(args);
-    let p = Proc::spawn(c, "pattern_producer");
-    wait_for_path(sock, Duration::from_secs(20));
-    p
-}
-
 /// gpushmsink spin-us: a producer flat out (not live) waits for its lossless consumer's
 /// releases by polling them. Every frame arrives intact and in order, waits end while polling
 /// (none do without the mode), and the producer polls once a frame at most.
@@ -336,11 +328,7 @@ fn gpushmsink_spin_us_polls_for_releases_and_loses_nothing() {
     let (ps, pout) = p.finish(Duration::from_secs(20));
     assert!(ps.success(), "producer: {pout:?}");
     assert!(status.success(), "checker: {out:?}");
-    let f = fields(&out, "SUMMARY ");
-    assert_eq!(num(&f, "frames"), N as f64, "{out:?}");
-    for k in ["bad", "gaps", "pts_errors", "dropped"] {
-        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
-    }
+    assert_every_frame(&out, N);
     let st = fields(&pout, "STATS ");
     let (caught, missed) = (num(&st, "spin-caught"), num(&st, "spin-missed"));
     eprintln!("producer waits: {caught} ended while polling, {missed} asleep");

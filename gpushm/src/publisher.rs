@@ -116,7 +116,8 @@ pub struct Policy {
     pub max_wait: Duration,
     /// Low-latency mode of that wait: how long the producer polls the full clients' releases
     /// before it sleeps (a wake-up through the connection thread is two thread hops). Zero:
-    /// off. Spent at most once per frame, and never past `max_wait`.
+    /// off. Spent at most once per frame, and never past `max_wait` nor a bounded client's
+    /// hold credit.
     pub spin: Duration,
 }
 

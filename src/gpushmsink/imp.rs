@@ -742,11 +742,6 @@ impl GpuShmSink {
             }
         };
         let mut m = FrameMeta {
-            // Format, size and planes of the caps' layout (replaced below where the buffer's
-            // VideoMeta says otherwise).
-            ..template.copied().unwrap_or_default()
-        };
-        m = FrameMeta {
             payload_size: buffer.size() as u64,
             pts: buffer.pts().map_or(NONE_U64, |t| t.nseconds()),
             dts: buffer.dts().map_or(NONE_U64, |t| t.nseconds()),
@@ -763,7 +758,9 @@ impl GpuShmSink {
             timecode: tc,
             // The times above are on CLOCK_MONOTONIC already.
             clock_offset: 0,
-            ..m
+            // Format, size and planes of the caps' layout (described again below where the
+            // buffer's VideoMeta says otherwise).
+            ..template.copied().unwrap_or_default()
         };
         // Other caps: opaque bytes, no planes.
         let Some(info) = info else {
@@ -773,21 +770,11 @@ impl GpuShmSink {
         if template.is_some() && vm.is_none_or(|vm| same_layout(vm, info)) {
             return m;
         }
-        m.video_format = info.format().into_glib() as u32;
-        m.width = info.width();
-        m.height = info.height();
-        // No allocation per frame: the planes are copied from whichever layout applies.
         let (offsets, strides) = match vm {
             Some(vm) => (vm.offset(), vm.stride()),
             None => (info.offset(), info.stride()),
         };
-        let n = offsets.len().min(strides.len()).min(MAX_PLANES);
-        m.n_planes = n as u32;
-        for i in 0..n {
-            m.plane_offset[i] = offsets[i] as u64;
-            m.plane_stride[i] = strides[i].max(0) as u32;
-        }
-        crate::geometry::describe_planes(info, &mut m);
+        describe_layout(info, offsets, strides, &mut m);
         m
     }
 }
@@ -979,11 +966,7 @@ impl GpuShmSink {
         }
         // SAFETY: the segment, read under the object lock as GstBaseSink's position query
         // does.
-        let seg = unsafe {
-            gst::Segment::from_glib_ptr_borrow(
-                &(*(obj.as_ptr() as *const gst_base::ffi::GstBaseSink)).segment,
-            )
-        };
+        let seg = unsafe { gst::Segment::from_glib_ptr_borrow(&(*bs).segment) };
         let seg = seg.downcast_ref::<gst::format::Time>()?;
         let stream = |t: u64| {
             (t != NONE_U64)
@@ -1024,33 +1007,29 @@ fn clipped(
 /// The frame description of `info`'s own layout: format, size and planes (what every frame
 /// laid out that way publishes).
 fn frame_template(info: &gst_video::VideoInfo) -> FrameMeta {
-    let mut m = FrameMeta {
-        video_format: info.format().into_glib() as u32,
-        width: info.width(),
-        height: info.height(),
-        ..Default::default()
-    };
-    let n = (info.n_planes() as usize).min(MAX_PLANES);
-    m.n_planes = n as u32;
-    for i in 0..n {
-        m.plane_offset[i] = info.offset()[i] as u64;
-        m.plane_stride[i] = info.stride()[i].max(0) as u32;
-    }
-    crate::geometry::describe_planes(info, &mut m);
+    let mut m = FrameMeta::default();
+    describe_layout(info, info.offset(), info.stride(), &mut m);
     m
 }
 
-/// Copies the frame description (format, size, planes) of `from` into `to`.
-fn copy_planes(from: &FrameMeta, to: &mut FrameMeta) {
-    to.video_format = from.video_format;
-    to.width = from.width;
-    to.height = from.height;
-    to.n_planes = from.n_planes;
-    to.plane_offset = from.plane_offset;
-    to.plane_stride = from.plane_stride;
-    to.plane_rows = from.plane_rows;
-    to.plane_row_bytes = from.plane_row_bytes;
-    to.plane_components = from.plane_components;
+/// Describes in `m` a frame of `info` whose planes sit at `offsets` with `strides`: format,
+/// size, planes (no allocation).
+fn describe_layout(
+    info: &gst_video::VideoInfo,
+    offsets: &[usize],
+    strides: &[i32],
+    m: &mut FrameMeta,
+) {
+    m.video_format = info.format().into_glib() as u32;
+    m.width = info.width();
+    m.height = info.height();
+    let n = offsets.len().min(strides.len()).min(MAX_PLANES);
+    m.n_planes = n as u32;
+    for i in 0..n {
+        m.plane_offset[i] = offsets[i] as u64;
+        m.plane_stride[i] = strides[i].max(0) as u32;
+    }
+    crate::geometry::describe_planes(info, m);
 }
 
 /// Whether a VideoMeta puts the planes where `info` does (same format and size too).
@@ -1856,8 +1835,8 @@ impl BaseSinkImpl for GpuShmSink {
         // Metas stay on the original.
         meta.timecode = timecode(buffer);
         // The copy has the pool's default layout.
-        if let Some(t) = &template {
-            copy_planes(t, &mut meta);
+        if let Some(info) = &info {
+            describe_layout(info, info.offset(), info.stride(), &mut meta);
         }
         match publish(slot, meta)? {
             Published::Sent => {}
