@@ -25,7 +25,8 @@
 //! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
 //! gpushm in low-latency mode (gpushmsrc spin-us) and shm, with medians, CPU share of each
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
-//! producer and the consumer, end to end),
+//! producer and the consumer, end to end; built with `--features stages`, a diagnostic build
+//! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
 //! `bench capi` (the C API's consumer against the Rust subscriber and gpushmsrc),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
@@ -246,9 +247,12 @@ fn produce(args: &[String]) -> Result<(), String> {
             gst::PadProbeType::BUFFER,
             move |_, info| {
                 if let Some(gst::PadProbeData::Buffer(b)) = info.data.as_mut() {
-                    let t = now();
+                    // Stamped once the frame is mapped: the stamp's own mapping is the
+                    // bench's cost, not the transport's.
+                    let mut t = now();
                     if let Ok(mut m) = b.make_mut().map_writable() {
                         if m.len() >= 8 {
+                            t = now();
                             m[..8].copy_from_slice(&t.to_le_bytes());
                         }
                     }
@@ -436,8 +440,12 @@ fn consume(args: &[String]) -> Result<(), String> {
     let lat = Arc::new(Mutex::new(Vec::<(u64, u64)>::new()));
     // first, last, count, CPU time at the first frame
     let done = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64)));
+    #[cfg(feature = "stages")]
+    let stages = Arc::new(Mutex::new(Vec::<[u64; 13]>::new()));
     {
         let lat = lat.clone();
+        #[cfg(feature = "stages")]
+        let stages = stages.clone();
         bin.by_name("src")
             .ok_or("no src")?
             .static_pad("src")
@@ -462,6 +470,43 @@ fn consume(args: &[String]) -> Result<(), String> {
                                 t.saturating_sub(stamp),
                                 published.map_or(0, |p| p.saturating_sub(stamp)),
                             ));
+                            #[cfg(feature = "stages")]
+                            if m.len() >= 32 {
+                                let meta = |stage: &str| {
+                                    let name = format!("timestamp/x-stage-{stage}");
+                                    b.iter_meta::<gst::ReferenceTimestampMeta>()
+                                        .find(|r| {
+                                            r.reference()
+                                                .structure(0)
+                                                .is_some_and(|s| s.name() == name.as_str())
+                                        })
+                                        .map_or((0, 0), |r| {
+                                            (
+                                                r.timestamp().nseconds(),
+                                                r.duration().map_or(0, |d| d.nseconds()),
+                                            )
+                                        })
+                                };
+                                let word = |i: usize| {
+                                    u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().unwrap())
+                                };
+                                let (a, bb) = (meta("a"), meta("b"));
+                                stages.lock().unwrap().push([
+                                    stamp,
+                                    word(1),
+                                    word(2),
+                                    word(3),
+                                    published.unwrap_or(0),
+                                    b.offset(),
+                                    b.offset_end(),
+                                    b.duration().map_or(0, |d| d.nseconds()),
+                                    a.0,
+                                    a.1,
+                                    bb.0,
+                                    bb.1,
+                                    t,
+                                ]);
+                            }
                         }
                     }
                 }
@@ -548,6 +593,36 @@ fn consume(args: &[String]) -> Result<(), String> {
         0.0
     };
     let (caught, missed) = *spin.lock().unwrap();
+    #[cfg(feature = "stages")]
+    {
+        const NAMES: [&str; 12] = [
+            "stamp>chain",
+            "chain>render",
+            "render>described",
+            "described>publish",
+            "publish>take",
+            "take>built",
+            "built>next",
+            "next>caps",
+            "caps>ts",
+            "ts>created",
+            "(metas)",
+            "metas>pad",
+        ];
+        let all = stages.lock().unwrap();
+        let rows: Vec<&[u64; 13]> = all.iter().skip(10).filter(|r| !r.contains(&0)).collect();
+        let mut line = format!("STAGES frames={}", rows.len());
+        for (i, name) in NAMES.iter().enumerate() {
+            let mut d: Vec<u64> = rows.iter().map(|r| r[i + 1].saturating_sub(r[i])).collect();
+            d.sort_unstable();
+            line += &format!(
+                " {name}={:.1}/{:.1}",
+                percentile(&d, 0.5) as f64 / 1e3,
+                percentile(&d, 0.9) as f64 / 1e3
+            );
+        }
+        println!("{line}");
+    }
     let (fs, fs0) = (faults_and_switches(), *fs0.lock().unwrap());
     let per = |a: u64, b: u64| a.saturating_sub(b) as f64 / count.saturating_sub(1).max(1) as f64;
     println!(
@@ -784,6 +859,18 @@ fn run_format(
     let show = |o: &std::process::Output| {
         String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr)
     };
+    #[cfg(feature = "stages")]
+    if let Some(line) = cout.as_ref().and_then(|o| {
+        show(o)
+            .lines()
+            .find(|l| l.starts_with("STAGES "))
+            .map(String::from)
+    }) {
+        eprintln!(
+            "bench: {transport} {w}x{h} spin={} (µs p50/p90): {line}",
+            spin_us()
+        );
+    }
     let run = Run {
         producer: parse(&show(&pout), "PRODUCER "),
         consumer: cout.as_ref().and_then(|o| parse(&show(o), "CONSUMER ")),

@@ -27,6 +27,8 @@ mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;
 pub mod pattern;
+#[cfg(feature = "stages")]
+pub mod stages;
 
 pub use cudasum::planes as sum_planes;
 /// The transport (the `gpushm` crate), under the name the elements use.

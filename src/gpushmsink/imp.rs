@@ -842,6 +842,8 @@ impl GpuShmSink {
         pad: &gst::Pad,
         buffer: gst::Buffer,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
+        #[cfg(feature = "stages")]
+        crate::stages::CHAIN_NS.with(|c| c.set(crate::ring::monotonic_ns()));
         let obj = self.obj();
         let bs = obj.as_ptr() as *mut gst_base::ffi::GstBaseSink;
         if !self.direct.stepped.load(Ordering::Relaxed)
@@ -1680,6 +1682,8 @@ impl BaseSinkImpl for GpuShmSink {
     }
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
+        #[cfg(feature = "stages")]
+        let render_ns = crate::ring::monotonic_ns();
         let start = buffer.dts().or(buffer.pts());
         self.note_position(
             start,
@@ -1804,6 +1808,22 @@ impl BaseSinkImpl for GpuShmSink {
         // earlier ring.
         if let Some(slot) = super::pool::slot_of_buffer(&ring, buffer) {
             let meta = self.frame_meta(buffer, info.as_deref(), template.as_ref());
+            #[cfg(feature = "stages")]
+            if meta.payload_size >= 32 && ring.slot_size() >= 32 {
+                let t = [
+                    crate::stages::CHAIN_NS.with(|c| c.get()),
+                    render_ns,
+                    crate::ring::monotonic_ns(),
+                ];
+                // SAFETY: the slot is ours until published, and at least 32 bytes long.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        t.as_ptr() as *const u8,
+                        ring.slot_ptr(slot).add(crate::stages::PRODUCER_OFFSET),
+                        24,
+                    )
+                };
+            }
             match publish(slot, meta)? {
                 Published::Sent => {
                     super::pool::lock_published(buffer);

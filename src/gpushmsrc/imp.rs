@@ -1130,6 +1130,8 @@ impl PushSrcImpl for GpuShmSrc {
         let mut timing = self.timing();
         let asked = crate::ring::monotonic_ns();
         let (item, discont) = reader.next_item().ok_or(gst::FlowError::Flushing)?;
+        #[cfg(feature = "stages")]
+        let t_next = crate::ring::monotonic_ns();
         match item {
             Item::Frame(Received {
                 mut buffer,
@@ -1172,6 +1174,10 @@ impl PushSrcImpl for GpuShmSrc {
                     }
                     guard = self.state();
                 }
+                #[cfg(feature = "stages")]
+                let t_caps = crate::ring::monotonic_ns();
+                #[cfg(feature = "stages")]
+                let mut stage_times;
                 let latency_changed = {
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
@@ -1183,6 +1189,17 @@ impl PushSrcImpl for GpuShmSrc {
                         b.set_flags(gst::BufferFlags::DISCONT);
                     }
                     self.post_latency_if_changed(st, &timing);
+                    #[cfg(feature = "stages")]
+                    {
+                        stage_times = [
+                            f.arrival_ns,
+                            f.built_ns,
+                            t_next,
+                            t_caps,
+                            crate::ring::monotonic_ns(),
+                            0,
+                        ];
+                    }
                     std::mem::take(&mut st.latency_changed)
                 };
                 drop(guard);
@@ -1193,6 +1210,11 @@ impl PushSrcImpl for GpuShmSrc {
                 }
                 drop(f);
                 if headers.is_empty() {
+                    #[cfg(feature = "stages")]
+                    if let Some(b) = buffer.get_mut() {
+                        stage_times[5] = crate::ring::monotonic_ns();
+                        crate::stages::add_all(b, stage_times);
+                    }
                     return Ok(CreateSuccess::NewBuffer(buffer));
                 }
                 // Joined mid-stream: the caps' stream headers first, as multifdsink sends

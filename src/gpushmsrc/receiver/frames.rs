@@ -583,6 +583,8 @@ impl Worker {
                 conn_serial: self.serial,
                 slot,
                 on_device: device,
+                #[cfg(feature = "stages")]
+                built_ns: crate::ring::monotonic_ns(),
             },
             headers,
         }))

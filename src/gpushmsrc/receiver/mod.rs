@@ -104,6 +104,9 @@ pub(super) struct Details {
     /// The GPU (ordinal) of the device ring the frame came from (`None`: a host ring):
     /// downstream may take it in CUDA memory.
     pub on_device: Option<i32>,
+    /// When the buffer was made (feature `stages`).
+    #[cfg(feature = "stages")]
+    pub built_ns: u64,
 }
 
 /// Where device-ring frames of one stream go when downstream takes CUDA memory: a buffer
