@@ -396,3 +396,65 @@ fn gpushmsink_spin_us_stops_at_its_budget_for_a_stuck_consumer() {
         "the producer spent {cpu:?} of CPU over 2.5 s: its poll did not stop at 20 ms"
     );
 }
+
+/// The GStreamer-free publisher's low-latency mode (`FramePublisher::set_spin`, which the C
+/// and Python publishers set): a camera flat out with two slots waits for its lossless
+/// consumer's releases by polling them. Every frame arrives intact and in order, some waits
+/// end while polling, and the camera polls once a frame at most. A budget over the maximum is
+/// refused, saying why.
+#[test]
+fn frame_publisher_spin_polls_for_releases_and_loses_nothing() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("camspin.sock");
+    const N: u64 = 2000;
+    let frames = N.to_string();
+    let mut camera = example("synthetic_camera");
+    camera.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--wait",
+        "--fps",
+        "1000000",
+    ]);
+    camera.args(["--slots", "2", "--frames", &frames, "--spin-us", "2000"]);
+    camera.args(["--width", "64", "--height", "48", "--format", "GRAY8"]);
+    let camera = Proc::spawn(camera, "synthetic_camera");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut sums = example("plane_sums");
+    sums.args(["--socket", sock.to_str().unwrap(), "--verify", "--lossless"]);
+    let (ss, sout) = Proc::spawn(sums, "plane_sums").finish(Duration::from_secs(90));
+    let (cs, cout) = camera.finish(Duration::from_secs(30));
+    assert!(ss.success() && cs.success(), "{sout:?}\n{cout:?}");
+    let got: Vec<&String> = sout.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(got.len() as u64, N, "{sout:?}");
+    assert!(got.iter().all(|l| l.ends_with("ok=true")), "{sout:?}");
+    // In order: FRAME lines carry the frame number first.
+    let numbers: Vec<u64> = got
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1)?.split('=').nth(1)?.parse().ok())
+        .collect();
+    assert_eq!(numbers, (0..N).collect::<Vec<_>>(), "{sout:?}");
+    let st = fields(&cout, "STATS ");
+    let (caught, missed) = (num(&st, "spin-caught"), num(&st, "spin-missed"));
+    eprintln!("camera waits: {caught} ended while polling, {missed} asleep");
+    assert!(caught >= 1.0, "no wait ended while polling: {cout:?}");
+    assert!(
+        caught + missed <= N as f64,
+        "one poll a frame at most: {cout:?}"
+    );
+
+    let refused = gpushm::publisher::FramePublisher::new(
+        &dir.path().join("over.sock"),
+        gpushm::format::FrameLayout::new(gpushm::format::VideoFormat::Gray8, 64, 48).unwrap(),
+        (30, 1),
+        4,
+        Default::default(),
+    )
+    .unwrap()
+    .set_spin(gpushm::client::MAX_SPIN + Duration::from_micros(1));
+    match refused {
+        Err(gpushm::Error::Invalid(m)) => assert!(m.contains("100000 µs"), "{m}"),
+        r => panic!("not refused as invalid: {:?}", r.is_ok()),
+    }
+}

@@ -137,6 +137,11 @@ typedef struct {
   // -1 (the default): the ring in host memory; a CUDA device ordinal: a device ring in
   // that GPU's memory (consumers must accept device memory).
   int cuda_device;
+  // Low-latency mode of `gpushm_publisher_publish`'s wait for a lossless consumer that
+  // holds its whole budget (0, the default: off): poll its releases for up to this many µs
+  // before sleeping, at most once a frame. Pays off for small frames sent flat out. At
+  // most 100000 (GPUSHM_ERROR_INVALID_ARGUMENT above).
+  uint32_t spin_us;
 } gpushm_publisher_options;
 
 // Success.

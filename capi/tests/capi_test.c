@@ -102,6 +102,9 @@ static int produce(const char *sock, int n, int eos)
     o.width = W;
     o.height = H;
     o.slots = 4;
+    /* CAPI_TEST_PUB_SPIN_US: the low-latency mode of the publisher's wait. */
+    const char *spin = getenv("CAPI_TEST_PUB_SPIN_US");
+    o.spin_us = spin ? (uint32_t)strtoul(spin, NULL, 10) : 0;
     gpushm_publisher *p = NULL;
     if ((strncmp(sock, "stream:", 7) ? gpushm_publisher_open(sock, &o, &p)
                                      : gpushm_publisher_open_stream(sock + 7, &o, &p)) != GPUSHM_OK) {
@@ -339,6 +342,13 @@ static int misuse(const char *sock)
     po.width = 16;
     po.height = 16;
     CHECK(gpushm_publisher_open(other, &po, &p) == GPUSHM_ERROR_INVALID_ARGUMENT, "unknown format");
+    po.format = "GRAY8";
+    po.spin_us = 100001;
+    CHECK(gpushm_publisher_open(other, &po, &p) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "publisher spin_us 100001");
+    CHECK(strstr(gpushm_last_error(), "spin_us") != NULL, "the publisher's error names spin_us");
+    CHECK(access(other, F_OK) != 0, "a refused publisher leaves no socket");
+    po.spin_us = 0;
     /* Slots: discarded once, published only by their publisher. */
     po.format = "GRAY8";
     gpushm_publisher *p2 = NULL;

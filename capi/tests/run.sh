@@ -97,6 +97,14 @@ wait "${pids[-1]}" || fail "the C producer failed: $(cat "$work/producer.log")"
 cmp "$work/got.raw" "$work/want.raw" || fail "gpushmsrc got other bytes than the C producer published"
 say "C producer -> gpushmsrc: 30 frames equal"
 
+# 2a. The C producer's low-latency mode (spin_us) with a lossless gpushmsrc: the same frames.
+sock=$work/cprodspin.sock; rm -f "$sock"
+CAPI_TEST_PUB_SPIN_US=2000 c_producer "$sock" 30 eos
+gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+wait "${pids[-1]}" || fail "the C producer (spin_us) failed: $(cat "$work/producer.log")"
+cmp "$work/got.raw" "$work/want.raw" || fail "spin_us: gpushmsrc got other bytes than the C producer published"
+say "C producer spin_us=2000 -> gpushmsrc: 30 frames equal"
+
 # 2b. Stream names: the C producer as stream c-cam read by gpushmsrc stream=c-cam, and a
 # gst-launch producer as stream gl-cam read by the C consumer (both in GPUSHM_RUNTIME_DIR).
 export GPUSHM_RUNTIME_DIR=$work/run; mkdir -p "$GPUSHM_RUNTIME_DIR"

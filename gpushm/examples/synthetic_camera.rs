@@ -9,7 +9,9 @@
 //! Options: --socket PATH (required), --format GRAY8|I420|NV12|RGBA (I420), --width 640,
 //! --height 480, --fps 30, --frames N (300; 0 = until killed), --wait (wait for a consumer
 //! before the first frame), --switch-at N (from frame N on, GRAY8 at half the size: a caps
-//! change consumers follow), --slots N (8). Prints `STATS frames=N clients=N` at the end.
+//! change consumers follow), --slots N (8), --spin-us N (0: the low-latency mode of the wait
+//! for a lossless consumer, see `FramePublisher::set_spin`). Prints `STATS frames=N clients=N
+//! spin-caught=N spin-missed=N` at the end.
 
 use std::time::Duration;
 
@@ -29,6 +31,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         (VideoFormat::I420, 640, 480, 30u32, 300u64, false);
     let mut switch_at = None;
     let mut slots = 8u32;
+    let mut spin_us = 0u64;
     let mut args = std::env::args().skip(1);
     while let Some(k) = args.next() {
         let mut v = || args.next().ok_or(format!("{k} needs a value"));
@@ -45,6 +48,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             "--wait" => wait = true,
             "--switch-at" => switch_at = Some(v()?.parse::<u64>()?),
             "--slots" => slots = v()?.parse()?,
+            "--spin-us" => spin_us = v()?.parse()?,
             _ => return Err(format!("unknown option {k}").into()),
         }
     }
@@ -57,6 +61,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         slots,
         Config::default(),
     )?;
+    camera.set_spin(Duration::from_micros(spin_us))?;
     if wait {
         while camera.num_clients() == 0 {
             std::thread::sleep(Duration::from_millis(2));
@@ -92,6 +97,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     camera.send_eos();
     // Give consumers a moment to take the last frames and the EOS before the socket closes.
     std::thread::sleep(Duration::from_millis(200));
-    println!("STATS frames={n} clients={}", camera.num_clients());
+    let st = camera.stats().0;
+    println!(
+        "STATS frames={n} clients={} spin-caught={} spin-missed={}",
+        camera.num_clients(),
+        st.spin_caught,
+        st.spin_missed
+    );
     Ok(())
 }

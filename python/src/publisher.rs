@@ -28,6 +28,11 @@ pub struct WritableSlot {
 /// `format` is "GRAY8", "I420", "NV12" or "RGBA". `publish(array)` copies a uint8 NumPy array
 /// (the whole frame in GStreamer's layout, or just its visible bytes) into the next free slot;
 /// `acquire()` lends a slot to fill in place (zero-copy) before `publish(slot)`.
+///
+/// `spin_us` (0, the default: off) is the low-latency mode of `publish()`'s wait for a
+/// lossless consumer that holds its whole budget: poll its releases for up to that many µs
+/// before sleeping, at most once a frame (at most 100000). Pays off for small frames sent
+/// flat out.
 #[pyclass(module = "gpushm", name = "Publisher", frozen)]
 pub struct Publisher {
     inner: Mutex<Option<Arc<FramePublisher>>>,
@@ -122,7 +127,7 @@ impl Publisher {
 #[pymethods]
 impl Publisher {
     #[new]
-    #[pyo3(signature = (path=None, format=None, width=None, height=None, fps=30.0, slots=8, perms=0o600, cuda_device=None, stream=None))]
+    #[pyo3(signature = (path=None, format=None, width=None, height=None, fps=30.0, slots=8, perms=0o600, cuda_device=None, stream=None, spin_us=0))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
@@ -135,7 +140,15 @@ impl Publisher {
         perms: u32,
         cuda_device: Option<i32>,
         stream: Option<String>,
+        spin_us: u32,
     ) -> PyResult<Self> {
+        let spin = std::time::Duration::from_micros(spin_us.into());
+        if spin > gpushm::client::MAX_SPIN {
+            return Err(PyValueError::new_err(format!(
+                "spin_us={spin_us}: at most {} µs of polling a frame (0: off)",
+                gpushm::client::MAX_SPIN.as_micros()
+            )));
+        }
         let path = match crate::errors::endpoint(path, stream)? {
             gpushm::names::Endpoint::Path(p) => p,
             gpushm::names::Endpoint::Stream(n) => {
@@ -189,6 +202,7 @@ impl Publisher {
                 CoreError::Invalid(m) => PyValueError::new_err(m),
                 e => to_py(e),
             })?;
+        p.set_spin(spin).map_err(to_py)?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(p))),
             layout,
@@ -325,6 +339,14 @@ impl Publisher {
     #[getter]
     fn num_clients(&self) -> PyResult<usize> {
         Ok(self.engine()?.num_clients())
+    }
+
+    /// The low-latency mode's figures (`spin_us`): `(caught, missed)`, waits for a lossless
+    /// consumer that polling ended and that ended asleep all the same; (0, 0) when it is off.
+    #[getter]
+    fn spin_stats(&self) -> PyResult<(u64, u64)> {
+        let st = self.engine()?.stats().0;
+        Ok((st.spin_caught, st.spin_missed))
     }
 
     /// Tells every consumer that no frame follows.

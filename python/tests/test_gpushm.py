@@ -7,6 +7,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -234,6 +235,38 @@ def test_bad_arguments_say_why(sock):
         gpushm.Subscriber(sock, mode="sometimes")
     with pytest.raises(ValueError, match="spin_us=100001"):
         gpushm.Subscriber(sock, spin_us=100001)
+    with pytest.raises(ValueError, match="spin_us=100001"):
+        gpushm.Publisher(sock, "GRAY8", 64, 48, spin_us=100001)
+    assert not os.path.exists(sock), "a refused publisher leaves no socket"
+
+
+def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock):
+    """Publisher(spin_us=) polls for a lossless consumer's releases (two slots, flat out):
+    every frame arrives, in order, with its contents."""
+    n = 300
+    with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=1000, slots=2, spin_us=2000) as pub:
+        with gpushm.Subscriber(sock, mode="lossless") as sub:
+            deadline = time.monotonic() + 10
+            while pub.num_clients == 0:
+                assert time.monotonic() < deadline, "the subscriber never connected"
+                time.sleep(0.01)
+            got = []
+
+            def take():
+                while len(got) < n:
+                    with sub.next_frame(timeout=10) as f:
+                        got.append(int(np.asarray(f.planes[0])[0, 0]))
+
+            t = threading.Thread(target=take)
+            t.start()
+            for i in range(n):
+                pub.publish(np.full(64 * 48, i % 251, dtype=np.uint8))
+            t.join(timeout=30)
+            assert not t.is_alive(), f"took {len(got)} of {n}"
+            caught, missed = pub.spin_stats
+    assert got == [i % 251 for i in range(n)]
+    assert caught >= 1, f"no wait ended while polling ({caught}, {missed})"
+    assert caught + missed <= n, "one poll a frame at most"
 
 
 def test_a_slot_is_never_written_once_published(sock):

@@ -1115,13 +1115,27 @@ impl BaseSrcImpl for GpuShmSrc {
         }
         Ok(())
     }
-}
 
-impl PushSrcImpl for GpuShmSrc {
+    /// GstBaseSrc's create, answered here rather than through GstPushSrc's (one C function
+    /// and one binding trampoline less on the way of every frame, each cold after a wait).
+    /// GstBaseSrc passes no buffer in push mode, the only mode of a live source.
     fn create(
         &self,
+        _offset: u64,
         _buffer: Option<&mut gst::BufferRef>,
+        _length: u32,
     ) -> Result<CreateSuccess, gst::FlowError> {
+        self.next_buffer()
+    }
+}
+
+/// GstPushSrc's create() is not used: GstBaseSrc calls ours directly (see
+/// `BaseSrcImpl::create`).
+impl PushSrcImpl for GpuShmSrc {}
+
+impl GpuShmSrc {
+    /// The next buffer (or list: stream headers first) to push: waits for a frame.
+    fn next_buffer(&self) -> Result<CreateSuccess, gst::FlowError> {
         // Wait without the state lock: property reads and queries never wait for frames.
         let reader = self.reader().ok_or(gst::FlowError::Flushing)?;
         // Read before waiting: after a wake-up each read costs several times more, on the
