@@ -68,14 +68,13 @@ int main(int argc, char **argv)
     int got = 0;
     while (got < n) {
         gpushm_frame *f = NULL;
-        gpushm_status st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
+        gpushm_frame_info info;
+        gpushm_status st = gpushm_subscriber_next_frame_info(s, 10000000000ll, &f, &info);
         if (st != GPUSHM_OK) {
             fprintf(stderr, "frame %d: %s\n", got, gpushm_last_error());
             break;
         }
         uint64_t t = now_ns();
-        gpushm_frame_info info;
-        gpushm_frame_get_info(f, &info);
         uint64_t stamp = 0;
         if (info.data && info.size >= 8) {
             memcpy(&stamp, info.data, 8);

@@ -220,6 +220,14 @@ gpushm_status gpushm_subscriber_next_frame(gpushm_subscriber *sub,
                                            int64_t timeout_ns,
                                            gpushm_frame **frame);
 
+// `gpushm_subscriber_next_frame` and `gpushm_frame_get_info` in one call: on GPUSHM_OK,
+// `*frame` is the frame (to release and destroy) and `*info` describes it. One handle
+// lookup less per frame: the way to take frames where every microsecond counts.
+gpushm_status gpushm_subscriber_next_frame_info(gpushm_subscriber *sub,
+                                                int64_t timeout_ns,
+                                                gpushm_frame **frame,
+                                                gpushm_frame_info *info);
+
 // A descriptor to wait on with poll/epoll/select (or an event loop such as a ROS executor)
 // instead of blocking in `gpushm_subscriber_next_frame`: it is readable when a frame (or
 // EOS, or news from the producer) may be there; then call `gpushm_subscriber_next_frame` with

@@ -448,6 +448,8 @@ struct ConnState {
     watching: bool,
     /// When the producer went away (reconnect on, no producer back yet).
     gone_since: Option<Instant>,
+    /// The last frames' caps and layout, and their [`Shape`] (see [`shape`]).
+    shape: Option<(LayoutKey, Arc<Shape>)>,
 }
 
 impl SubObj {
@@ -634,6 +636,7 @@ unsafe fn open_subscriber(
                 watched: Vec::new(),
                 watching: false,
                 gone_since: None,
+                shape: None,
             }),
             epoll,
             retry,
@@ -656,11 +659,42 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
     timeout_ns: i64,
     frame: *mut *mut gpushm_frame,
 ) -> gpushm_status {
+    // SAFETY: the caller's pointers, as documented.
+    guard(|| unsafe { next_frame(sub, timeout_ns, frame, None) })
+}
+
+/// `gpushm_subscriber_next_frame` and `gpushm_frame_get_info` in one call: on GPUSHM_OK,
+/// `*frame` is the frame (to release and destroy) and `*info` describes it. One handle
+/// lookup less per frame: the way to take frames where every microsecond counts.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_next_frame_info(
+    sub: *mut gpushm_subscriber,
+    timeout_ns: i64,
+    frame: *mut *mut gpushm_frame,
+    info: *mut gpushm_frame_info,
+) -> gpushm_status {
     guard(|| {
+        let info = out_ptr(info, "info")?;
+        // SAFETY: the caller's pointers, as documented.
+        unsafe { next_frame(sub, timeout_ns, frame, Some(info)) }
+    })
+}
+
+/// # Safety
+/// `frame` and `info` are NULL or writable; `sub` is any value.
+unsafe fn next_frame(
+    sub: *mut gpushm_subscriber,
+    timeout_ns: i64,
+    frame: *mut *mut gpushm_frame,
+    info: Option<*mut gpushm_frame_info>,
+) -> Result<gpushm_status, Fail> {
+    {
         let out = out_ptr(frame, "frame")?;
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
         s.closed()?;
-        let deadline = timeout(timeout_ns).and_then(|t| Instant::now().checked_add(t));
+        let wait = timeout(timeout_ns);
+        let deadline = wait.and_then(|t| Instant::now().checked_add(t));
+        let mut first = true;
         let mut st = if timeout_ns == 0 {
             match s.conn.try_lock() {
                 Ok(g) => g,
@@ -716,10 +750,19 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
             }
             s.watch(&mut st)?;
             let c = st.sub.as_mut().expect("connected above");
-            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            // The whole timeout the first time round (no clock read on the way of a frame).
+            let left = match std::mem::replace(&mut first, false) {
+                true => wait,
+                false => deadline.map(|d| d.saturating_duration_since(Instant::now())),
+            };
             match c.next_frame(left) {
                 Ok(Some(f)) => {
-                    let id = lock(&FRAMES).insert(Arc::new(FrameObj::new(f)))?;
+                    let obj = Arc::new(FrameObj::new(f, &mut st.shape));
+                    if let (Some(info), Some(f)) = (info, lock(&obj.frame).as_ref()) {
+                        // SAFETY: checked non-NULL by the caller.
+                        unsafe { info.write(obj.info(f)) };
+                    }
+                    let id = lock(&FRAMES).insert(obj)?;
                     // SAFETY: checked non-NULL.
                     unsafe { out.write(id as *mut gpushm_frame) };
                     return Ok(GPUSHM_OK);
@@ -732,7 +775,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
                 Err(e) => return Err(e.into()),
             }
         }
-    })
+    }
 }
 
 /// A descriptor to wait on with poll/epoll/select (or an event loop such as a ROS executor)
@@ -869,8 +912,9 @@ struct LayoutKey {
     fields: [u64; 4 + 4 * 4],
 }
 
-fn shape(f: &Frame) -> Arc<Shape> {
-    static LAST: Mutex<Option<(LayoutKey, Arc<Shape>)>> = Mutex::new(None);
+/// The [`Shape`] of `f`: `last`'s when the caps and layout are the last frame's (the
+/// subscriber's own cache, under the lock its frames are taken with).
+fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Arc<Shape> {
     let m = &f.meta;
     let mut fields = [0u64; 20];
     fields[..4].copy_from_slice(&[
@@ -887,7 +931,6 @@ fn shape(f: &Frame) -> Arc<Shape> {
             m.plane_row_bytes[p] as u64,
         ]);
     }
-    let mut last = lock(&LAST);
     if let Some((k, s)) = last.as_ref() {
         if k.fields == fields && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
             return s.clone();
@@ -948,9 +991,9 @@ fn set_format(info: &mut gpushm_frame_info, name: &str) {
 }
 
 impl FrameObj {
-    fn new(f: Frame) -> Self {
+    fn new(f: Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Self {
         Self {
-            shape: shape(&f),
+            shape: shape(&f, last),
             frame: Mutex::new(Some(f)),
         }
     }

@@ -195,6 +195,24 @@ static int consume(const char *sock, int n, const char *out_path)
                 continue;
             }
             idle = 0;
+        } else if (got % 4 == 2) {
+            /* The frame and its description in one call: the same description; a NULL info is
+             * refused before a frame is taken (none is lost: every frame is written below). */
+            CHECK(gpushm_subscriber_next_frame_info(s, 10000000000ll, &f, NULL) ==
+                      GPUSHM_ERROR_INVALID_ARGUMENT,
+                  "next_frame_info with a NULL info");
+            gpushm_frame_info given;
+            st = gpushm_subscriber_next_frame_info(s, 10000000000ll, &f, &given);
+            if (st == GPUSHM_OK) {
+                gpushm_frame_info asked;
+                CHECK(gpushm_frame_get_info(f, &asked) == GPUSHM_OK, "info");
+                CHECK(given.data == asked.data && given.size == asked.size &&
+                          given.pts == asked.pts && given.n_planes == asked.n_planes &&
+                          given.planes[0].data == asked.planes[0].data &&
+                          given.planes[0].stride == asked.planes[0].stride &&
+                          strcmp(given.format, asked.format) == 0,
+                      "next_frame_info's description differs from get_info's");
+            }
         } else {
             st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
         }
@@ -316,6 +334,10 @@ static int misuse(const char *sock)
     CHECK(gpushm_subscriber_open(sock, NULL, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL out");
     CHECK(gpushm_subscriber_options_init(NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL opts");
     CHECK(gpushm_subscriber_next_frame(NULL, 0, &f) == GPUSHM_ERROR_BAD_HANDLE, "NULL sub");
+    CHECK(gpushm_subscriber_next_frame_info(NULL, 0, &f, &info) == GPUSHM_ERROR_BAD_HANDLE,
+          "NULL sub (next_frame_info)");
+    CHECK(gpushm_subscriber_next_frame_info(NULL, 0, NULL, &info) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "NULL frame (next_frame_info)");
     CHECK(gpushm_frame_get_info(NULL, &info) == GPUSHM_ERROR_BAD_HANDLE, "NULL frame");
     CHECK(gpushm_frame_release(NULL) == GPUSHM_ERROR_BAD_HANDLE, "release NULL");
     CHECK(gpushm_frame_destroy(NULL) == GPUSHM_ERROR_BAD_HANDLE, "destroy NULL");
