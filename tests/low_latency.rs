@@ -88,8 +88,9 @@ fn subscriber_spin_follows_cadence_changes_and_a_pause_and_idles_for_free() {
     // (offset, arrival, this thread's CPU time at arrival)
     let mut got = Vec::new();
     let start = Instant::now();
+    let mut warmed = 0u64;
     loop {
-        match sub.next_frame(Some(Duration::from_secs(10))) {
+        match sub.next_frame_warming(Some(Duration::from_secs(10)), &mut || warmed += 1) {
             Ok(Some(f)) => {
                 assert_eq!(f.as_ptr().1, 64 * 48, "a whole frame");
                 got.push((f.meta.offset, Instant::now(), thread_cpu()));
@@ -131,6 +132,43 @@ fn subscriber_spin_follows_cadence_changes_and_a_pause_and_idles_for_free() {
         stats.caught + stats.missed <= FRAMES + 1,
         "one poll a frame at most: {stats:?}"
     );
+    assert_eq!(
+        warmed,
+        stats.caught + stats.missed,
+        "the warm-up runs once as each poll starts"
+    );
+}
+
+/// Without the low-latency mode, next_frame_warming never runs its warm-up (and gets every
+/// frame, in order).
+#[test]
+fn no_warm_up_without_the_low_latency_mode() {
+    init();
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("nowarm.sock");
+    let p = producer_with(&sock, &["--fps", "30", "--frames", "15"]);
+    let opts = gpushm::client::ConnectOptions {
+        mode: gpushm::client::Delivery::Lossless,
+        timeout: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    let (mut warmed, mut offsets) = (0u64, Vec::new());
+    while let Some(f) = sub
+        .next_frame_warming(Some(Duration::from_secs(10)), &mut || warmed += 1)
+        .expect("a frame or the end")
+    {
+        offsets.push(f.meta.offset);
+    }
+    let (status, out) = p.finish(Duration::from_secs(20));
+    assert!(status.success(), "producer: {out:?}");
+    assert_eq!(
+        offsets,
+        (0..15).collect::<Vec<_>>(),
+        "every frame, in order"
+    );
+    assert_eq!(warmed, 0, "a warm-up without the mode");
 }
 
 /// gpushmsrc spin-us=2000 (lossless, through frame_checker): all 100 frames, every byte as

@@ -269,6 +269,23 @@ impl GpuShmSrc {
         }
     }
 
+    /// Low-latency mode: reads what create() and GstBaseSrc read of the element and its pads
+    /// on a frame's way, while the receiver polls for the frame (see `Worker::warm_up`). Takes
+    /// only locks nobody holds for long (object locks), and ours only if free.
+    pub(super) fn warm_up(&self) {
+        if let Ok(g) = self.state.try_lock() {
+            std::hint::black_box(g.as_ref().map(|s| (s.pad_caps.is_some(), s.serial)));
+        }
+        std::hint::black_box(self.timing());
+        let obj = self.obj();
+        std::hint::black_box(obj.is_live());
+        let pad = obj.src_pad();
+        std::hint::black_box((pad.is_active(), pad.needs_reconfigure()));
+        if let Some(peer) = pad.peer() {
+            std::hint::black_box((peer.is_active(), peer.needs_reconfigure()));
+        }
+    }
+
     /// What timestamp() reads from the element, read at once.
     fn timing(&self) -> Timing {
         let obj = self.obj();

@@ -21,7 +21,7 @@ impl Worker {
         // The spare of the last frame's slot first: the next frame may come in it again.
         self.make_spare();
         self.make_ahead();
-        let step = match conn.next_frame(None) {
+        let step = match conn.next_frame_warming(None, &mut || self.warm_up()) {
             Ok(Some(frame)) => {
                 self.shared
                     .producer_dropped
