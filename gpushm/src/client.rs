@@ -908,7 +908,13 @@ impl Connection {
             }
         }
         // Awake before the frame: what its way will read, read now (after a sleep it is out
-        // of the caches and the TLB, and each miss costs on the frame's way).
+        // of the caches and the TLB, and each miss costs on the frame's way): ours, then the
+        // caller's.
+        std::hint::black_box((
+            self.rings.back().map(|r| r.warm_up()),
+            self.caps.back().map(|c| c.0),
+            self.releaser.leases.load(Ordering::Relaxed),
+        ));
         warm_up();
         // Poll, the producer not asked to ring (it saves the system call too).
         let ch = &self.releaser.ch;

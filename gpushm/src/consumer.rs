@@ -196,6 +196,16 @@ impl ConsumerRing {
     /// Reads and checks the descriptor of a frame this consumer took from its queue. Returns
     /// the metadata and a pointer to the slot's first byte; `payload_size` bytes from there lie
     /// inside the mapping.
+    /// Reads the first slot's descriptor: the descriptors' page in the TLB and this ring's
+    /// fields in the cache before a frame is read (low-latency mode's warm-up).
+    pub(crate) fn warm_up(&self) -> u64 {
+        let off = self.geom.desc_offset as usize;
+        // SAFETY: in bounds (validated geometry: a ring has at least one slot), aligned, all
+        // atomics.
+        let d = unsafe { &*(self.base.0.as_ptr().add(off) as *const SlotDesc) };
+        d.seq.load(Ordering::Relaxed)
+    }
+
     pub fn read_frame(&self, e: &Entry) -> Result<(FrameMeta, *const u8)> {
         if e.ring_gen != self.ring_gen {
             return Err(Error::protocol(format!(

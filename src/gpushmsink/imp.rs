@@ -130,14 +130,18 @@ enum State {
         /// Whether upstream is live, asked once per caps.
         live: Option<bool>,
         /// What render() needs for each frame of `caps`, found once per ring.
-        frames: Option<FramePath>,
+        frames: Option<Arc<FramePath>>,
     },
 }
 
-/// What render() needs for each frame of the current caps, found once per ring: after the
-/// producer slept, every lock, caps lookup or plane computation on the way of a frame costs
-/// about a microsecond of cold cache and TLB misses.
+/// What render() needs for each frame of the current caps, found once per ring and taken with
+/// one reference: after the producer slept, every lock, caps lookup, plane computation or
+/// reference count on the way of a frame costs cold cache and TLB misses.
 struct FramePath {
+    server: Arc<Server>,
+    /// The caps' raw video layout (`None`: opaque buffers), as in the state.
+    info: Option<Arc<gst_video::VideoInfo>>,
+    pool: SlotPool,
     /// The pool's ring (the pool itself is behind its own lock).
     ring: Arc<crate::ring::producer::ProducerRing>,
     /// Raw video in CUDA memory, as the caps say (nvcodec's elements also hand GstCudaMemory,
@@ -629,15 +633,21 @@ impl GpuShmSink {
                 gst::warning!(CAT, imp = self, "{why}");
             }
         }
-        *frames = new_pool.ring().map(|ring| FramePath {
-            ring,
-            cuda_input: info.is_some() && cuda_caps,
-            template: info.as_ref().map(frame_template),
+        let info = info.map(Arc::new);
+        *frames = new_pool.ring().map(|ring| {
+            Arc::new(FramePath {
+                server: server.clone(),
+                info: info.clone(),
+                pool: new_pool.clone(),
+                ring,
+                cuda_input: info.is_some() && cuda_caps,
+                template: info.as_deref().map(frame_template),
+            })
         });
         if let Some(old) = pool.replace(new_pool) {
             let _ = old.set_active(false);
         }
-        *cur_info = info.map(Arc::new);
+        *cur_info = info;
         *cur_caps = Some(caps.clone());
         *live = None;
         Ok(())
@@ -1700,24 +1710,14 @@ impl BaseSinkImpl for GpuShmSink {
             _ => Err(gst::FlowError::Flushing),
         };
         // One look at the state for everything a frame of our pool needs (see FramePath).
-        let (server, info, pool, live, ring, cuda_input, template) = match &*self.state() {
+        let (path, live) = match &*self.state() {
             State::Started {
-                server,
-                info,
                 caps: Some(_),
-                pool: Some(pool),
+                pool: Some(_),
                 live,
                 frames: Some(f),
                 ..
-            } => (
-                server.clone(),
-                info.clone(),
-                pool.clone(),
-                *live,
-                f.ring.clone(),
-                f.cuda_input,
-                f.template,
-            ),
+            } => (f.clone(), *live),
             _ => {
                 gst::element_imp_error!(
                     self,
@@ -1727,6 +1727,15 @@ impl BaseSinkImpl for GpuShmSink {
                 return Err(gst::FlowError::NotNegotiated);
             }
         };
+        let FramePath {
+            server,
+            info,
+            pool,
+            ring,
+            cuda_input,
+            template,
+        } = &*path;
+        let cuda_input = *cuda_input;
         if info.is_none() && buffer.size() as u64 > ring.slot_size() {
             // Never cut or refuse a large buffer: a new ring with larger slots, announced to
             // consumers like a caps change. Then render again into it.
@@ -1780,7 +1789,7 @@ impl BaseSinkImpl for GpuShmSink {
                 let n = (meta.payload_size as usize).min(ring.slot_size() as usize);
                 // SAFETY: the slot is ours until published, and n bytes long at most.
                 let src = unsafe { std::slice::from_raw_parts(ring.slot_ptr(slot), n) };
-                let copied = crate::cuda::vmm::device_ptr_of_slot(&ring, slot)
+                let copied = crate::cuda::vmm::device_ptr_of_slot(ring, slot)
                     .ok_or_else(|| "the slot is outside the ring's GPU memory".to_string())
                     .and_then(|dst| mem.copy_from_host(dst, src).map_err(|e| e.0));
                 if let Err(e) = copied {
@@ -1806,7 +1815,7 @@ impl BaseSinkImpl for GpuShmSink {
         // Upstream rendered into one of our slots: published as it is, unless consumers
         // still hold that slot (upstream pushed the same buffer again) or it is of an
         // earlier ring.
-        if let Some(slot) = super::pool::slot_of_buffer(&ring, buffer) {
+        if let Some(slot) = super::pool::slot_of_buffer(ring, buffer) {
             let meta = self.frame_meta(buffer, info.as_deref(), template.as_ref());
             #[cfg(feature = "stages")]
             if meta.payload_size >= 32 && ring.slot_size() >= 32 {
@@ -1836,8 +1845,8 @@ impl BaseSinkImpl for GpuShmSink {
             }
         }
         let mut out = match (&info, cuda_input) {
-            (Some(i), true) => self.copy_cuda_into_slot(&pool, i, &caps_of()?, buffer)?,
-            _ => self.copy_into_slot(&pool, info.as_deref(), &caps_of()?, buffer)?,
+            (Some(i), true) => self.copy_cuda_into_slot(pool, i, &caps_of()?, buffer)?,
+            _ => self.copy_into_slot(pool, info.as_deref(), &caps_of()?, buffer)?,
         };
         server.count_copy();
         let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;
