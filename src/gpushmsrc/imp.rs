@@ -274,13 +274,39 @@ impl GpuShmSrc {
     /// only locks nobody holds for long (object locks), and ours only if free.
     pub(super) fn warm_up(&self) {
         if let Ok(g) = self.state.try_lock() {
-            std::hint::black_box(g.as_ref().map(|s| (s.pad_caps.is_some(), s.serial)));
+            std::hint::black_box(g.as_ref().map(|s| {
+                (
+                    s.pad_caps.is_some(),
+                    s.serial,
+                    s.map.clone(),
+                    s.last_pts,
+                    s.clock_offset,
+                    s.answered_latency,
+                    s.clock_is_monotonic.as_ref().map(|c| c.1),
+                )
+            }));
         }
         std::hint::black_box(self.timing());
         let obj = self.obj();
         std::hint::black_box(obj.is_live());
+        let bs = obj.upcast_ref::<gst_base::BaseSrc>().as_ptr();
+        // SAFETY: GstBaseSrc's live lock, not held by this thread in create() (GstBaseSrc
+        // lets go of it around create): only tried, and let go at once. Its segment's
+        // format, read under the object lock as GstBaseSrc reads it.
+        unsafe {
+            let live = std::ptr::addr_of_mut!((*bs).live_lock);
+            if glib::ffi::g_mutex_trylock(live) != 0 {
+                glib::ffi::g_mutex_unlock(live);
+            }
+            let _lock = obj.object_lock();
+            std::hint::black_box((*bs).segment.format);
+        }
         let pad = obj.src_pad();
-        std::hint::black_box((pad.is_active(), pad.needs_reconfigure()));
+        std::hint::black_box((
+            pad.is_active(),
+            pad.needs_reconfigure(),
+            pad.has_current_caps(),
+        ));
         if let Some(peer) = pad.peer() {
             std::hint::black_box((peer.is_active(), peer.needs_reconfigure()));
         }

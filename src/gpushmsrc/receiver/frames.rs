@@ -142,6 +142,14 @@ impl Worker {
             std::hint::black_box(unsafe { (*a.metas.publish.as_ptr()).timestamp });
         }
         std::hint::black_box(self.shared.q.try_lock().is_ok());
+        let sh = &self.shared;
+        std::hint::black_box((
+            sh.received.load(Ordering::Relaxed),
+            sh.producer_dropped.load(Ordering::Relaxed),
+            sh.latency.load(Ordering::Relaxed),
+            sh.spin_caught.load(Ordering::Relaxed),
+            sh.streaming_reads.load(Ordering::Relaxed),
+        ));
         if let Some(e) = self.element.upgrade() {
             gst::subclass::prelude::ObjectSubclassIsExt::imp(&e).warm_up();
         }
