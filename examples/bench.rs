@@ -611,7 +611,12 @@ fn consume(args: &[String]) -> Result<(), String> {
         ];
         let all = stages.lock().unwrap();
         let rows: Vec<&[u64; 13]> = all.iter().skip(10).filter(|r| !r.contains(&0)).collect();
-        let mut line = format!("STAGES frames={}", rows.len());
+        // Frames published from a copy (not from the sink's pool) carry no producer times.
+        let mut line = format!(
+            "STAGES frames={} of {}",
+            rows.len(),
+            all.len().saturating_sub(10)
+        );
         for (i, name) in NAMES.iter().enumerate() {
             let mut d: Vec<u64> = rows.iter().map(|r| r[i + 1].saturating_sub(r[i])).collect();
             d.sort_unstable();

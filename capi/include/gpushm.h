@@ -47,6 +47,8 @@ typedef struct gpushm_subscriber gpushm_subscriber;
 typedef int gpushm_status;
 
 // How a subscriber receives frames. Fill it with `gpushm_subscriber_options_init` first.
+// Until gpushm 1.0 the option structs may grow at their end from one release to the next
+// (spin_us came so): build against the gpushm.h of the libgpushm you run with.
 typedef struct {
   // 0: auto (lossless from a producer that is not live, newest frames from a live one),
   // 1: lossless (the producer waits for this consumer), 2: leaky (newest frames, never
@@ -121,7 +123,8 @@ typedef struct {
   int on_device;
 } gpushm_frame_info;
 
-// How a publisher serves frames. Fill it with `gpushm_publisher_options_init` first.
+// How a publisher serves frames. Fill it with `gpushm_publisher_options_init` first (see
+// gpushm_subscriber_options on how the option structs may change before 1.0).
 typedef struct {
   // Raw video format, GStreamer's name ("NV12", "I420", "RGBA", "BGRx", "GRAY8", ...).
   const char *format;

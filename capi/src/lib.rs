@@ -106,6 +106,8 @@ pub struct gpushm_slot {
 }
 
 /// How a subscriber receives frames. Fill it with `gpushm_subscriber_options_init` first.
+/// Until gpushm 1.0 the option structs may grow at their end from one release to the next
+/// (spin_us came so): build against the gpushm.h of the libgpushm you run with.
 #[repr(C)]
 pub struct gpushm_subscriber_options {
     /// 0: auto (lossless from a producer that is not live, newest frames from a live one),
@@ -185,7 +187,8 @@ pub struct gpushm_frame_info {
     pub on_device: c_int,
 }
 
-/// How a publisher serves frames. Fill it with `gpushm_publisher_options_init` first.
+/// How a publisher serves frames. Fill it with `gpushm_publisher_options_init` first (see
+/// gpushm_subscriber_options on how the option structs may change before 1.0).
 #[repr(C)]
 pub struct gpushm_publisher_options {
     /// Raw video format, GStreamer's name ("NV12", "I420", "RGBA", "BGRx", "GRAY8", ...).
@@ -692,9 +695,7 @@ unsafe fn next_frame(
         let out = out_ptr(frame, "frame")?;
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
         s.closed()?;
-        let wait = timeout(timeout_ns);
-        let deadline = wait.and_then(|t| Instant::now().checked_add(t));
-        let mut first = true;
+        let deadline = timeout(timeout_ns).and_then(|t| Instant::now().checked_add(t));
         let mut st = if timeout_ns == 0 {
             match s.conn.try_lock() {
                 Ok(g) => g,
@@ -750,11 +751,7 @@ unsafe fn next_frame(
             }
             s.watch(&mut st)?;
             let c = st.sub.as_mut().expect("connected above");
-            // The whole timeout the first time round (no clock read on the way of a frame).
-            let left = match std::mem::replace(&mut first, false) {
-                true => wait,
-                false => deadline.map(|d| d.saturating_duration_since(Instant::now())),
-            };
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match c.next_frame(left) {
                 Ok(Some(f)) => {
                     let obj = Arc::new(FrameObj::new(f, &mut st.shape));

@@ -193,9 +193,6 @@ impl ConsumerRing {
         (self.base.0.as_ptr(), self.geom.total_size as usize)
     }
 
-    /// Reads and checks the descriptor of a frame this consumer took from its queue. Returns
-    /// the metadata and a pointer to the slot's first byte; `payload_size` bytes from there lie
-    /// inside the mapping.
     /// Reads the first slot's descriptor: the descriptors' page in the TLB and this ring's
     /// fields in the cache before a frame is read (low-latency mode's warm-up).
     pub(crate) fn warm_up(&self) -> u64 {
@@ -206,6 +203,9 @@ impl ConsumerRing {
         d.seq.load(Ordering::Relaxed)
     }
 
+    /// Reads and checks the descriptor of a frame this consumer took from its queue. Returns
+    /// the metadata and a pointer to the slot's first byte; `payload_size` bytes from there lie
+    /// inside the mapping.
     pub fn read_frame(&self, e: &Entry) -> Result<(FrameMeta, *const u8)> {
         if e.ring_gen != self.ring_gen {
             return Err(Error::protocol(format!(

@@ -270,8 +270,9 @@ impl GpuShmSrc {
     }
 
     /// Low-latency mode: reads what create() and GstBaseSrc read of the element and its pads
-    /// on a frame's way, while the receiver polls for the frame (see `Worker::warm_up`). Takes
-    /// only locks nobody holds for long (object locks), and ours only if free.
+    /// on a frame's way, while the streaming thread polls for the frame (see
+    /// `Worker::warm_up`). Takes only object locks (held by anyone for a few reads), and our
+    /// state's lock only if it is free.
     pub(super) fn warm_up(&self) {
         if let Ok(g) = self.state.try_lock() {
             std::hint::black_box(g.as_ref().map(|s| {
@@ -286,20 +287,13 @@ impl GpuShmSrc {
                 )
             }));
         }
-        std::hint::black_box(self.timing());
         let obj = self.obj();
-        std::hint::black_box(obj.is_live());
+        std::hint::black_box((obj.is_live(), obj.does_timestamp()));
         let bs = obj.upcast_ref::<gst_base::BaseSrc>().as_ptr();
-        // SAFETY: GstBaseSrc's live lock, not held by this thread in create() (GstBaseSrc
-        // lets go of it around create): only tried, and let go at once. Its segment's
-        // format, read under the object lock as GstBaseSrc reads it.
-        unsafe {
-            let live = std::ptr::addr_of_mut!((*bs).live_lock);
-            if glib::ffi::g_mutex_trylock(live) != 0 {
-                glib::ffi::g_mutex_unlock(live);
-            }
+        {
             let _lock = obj.object_lock();
-            std::hint::black_box((*bs).segment.format);
+            // SAFETY: GstBaseSrc's segment, read under the object lock as GstBaseSrc reads it.
+            std::hint::black_box(unsafe { (*bs).segment.format });
         }
         let pad = obj.src_pad();
         std::hint::black_box((

@@ -127,9 +127,10 @@ impl Worker {
     }
 
     /// Low-latency mode: reads what the next frame's way reads (the buffer made ahead and its
-    /// metas, the queue, the element's and its pads' fields), as the poll for the frame starts
-    /// (see `Subscriber::next_frame_warming`): after a sleep, each of those reads is a cache
-    /// and TLB miss on the frame's way. Takes no lock it could wait for.
+    /// metas, the queue, and, where the streaming thread itself polls, the element's and its
+    /// pads' fields), as the poll for the frame starts (see
+    /// `Subscriber::next_frame_warming`): after a sleep, each of those reads is a cache and
+    /// TLB miss on the frame's way. Waits for no lock but object locks.
     pub(super) fn warm_up(&self) {
         if let Some(a) = &self.ahead {
             let b: &gst::BufferRef = &a.buffer;
@@ -150,6 +151,11 @@ impl Worker {
             sh.spin_caught.load(Ordering::Relaxed),
             sh.streaming_reads.load(Ordering::Relaxed),
         ));
+        // The receiver thread (the streaming thread away pushing) would warm another core's
+        // caches, and contend with the streaming thread for the element's locks.
+        if !sh.streaming_reads.load(Ordering::Relaxed) {
+            return;
+        }
         if let Some(e) = self.element.upgrade() {
             gst::subclass::prelude::ObjectSubclassIsExt::imp(&e).warm_up();
         }
