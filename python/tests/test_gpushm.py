@@ -241,12 +241,14 @@ def test_bad_arguments_say_why(sock):
 
 
 def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock):
-    """Publisher(spin_us=) polls for a lossless consumer's releases (two slots, flat out):
-    every frame arrives, in order, with its contents."""
-    n = 300
+    """Publisher(spin_us=) polls for a lossless consumer's releases (two slots, flat out; the
+    consumer holds each frame 1 ms, so the publisher waits for nearly every one): every frame
+    arrives, in order, with its contents, and waits end while the publisher polls."""
+    n = 100
     # fps=5: a 200 ms bound on each wait for the consumer (the publisher's max-wait follows
     # the frame duration), so that a loaded machine does not make it lag; frames go flat out.
-    with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=5, slots=2, spin_us=2000) as pub:
+    # A 20 ms budget: the release comes about 1 ms after the frame, GIL hand-overs included.
+    with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=5, slots=2, spin_us=20000) as pub:
         with gpushm.Subscriber(sock, mode="lossless") as sub:
             deadline = time.monotonic() + 10
             while pub.num_clients == 0:
@@ -258,6 +260,7 @@ def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock)
                 while len(got) < n:
                     with sub.next_frame(timeout=10) as f:
                         got.append(int(np.asarray(f.planes[0])[0, 0]))
+                        time.sleep(0.001)
 
             t = threading.Thread(target=take)
             t.start()
