@@ -1341,14 +1341,9 @@ unsafe fn open_publisher(
         if !(2..=64).contains(&o.slots) {
             return Err(invalid(format!("{} slots: 2 to 64", o.slots)));
         }
+        // Checked before the stream is served.
         let spin = Duration::from_micros(o.spin_us.into());
-        if spin > gpushm_core::client::MAX_SPIN {
-            return Err(invalid(format!(
-                "spin_us {}: at most {} µs of polling a frame (0: off)",
-                o.spin_us,
-                gpushm_core::client::MAX_SPIN.as_micros()
-            )));
-        }
+        gpushm_core::client::check_spin(spin)?;
         let config = Config {
             perms: o.perms & 0o777,
             ..Config::default()

@@ -285,6 +285,20 @@ pub struct ConnectOptions {
 /// connecting, as an error that says so).
 pub const MAX_SPIN: Duration = Duration::from_millis(100);
 
+/// Refuses a low-latency budget over [`MAX_SPIN`], saying why: the one check behind every
+/// way to set one (subscribers, publishers, the elements' bounded properties aside).
+pub fn check_spin(spin: Duration) -> Result<()> {
+    if spin > MAX_SPIN {
+        return Err(Error::Invalid(format!(
+            "a low-latency budget (spin, spin-us, spin_us) of {} µs is more than the {} µs of \
+             polling a frame allowed (0 turns the mode off)",
+            spin.as_micros(),
+            MAX_SPIN.as_micros()
+        )));
+    }
+    Ok(())
+}
+
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
 /// caller must not let it be dropped during a wait.
 #[derive(Clone, Copy)]
@@ -393,14 +407,7 @@ impl Connection {
         opts: &ConnectOptions,
         wake: Option<BorrowedFd<'_>>,
     ) -> Result<Self> {
-        if opts.spin > MAX_SPIN {
-            return Err(Error::Invalid(format!(
-                "a low-latency budget (spin, spin-us, spin_us) of {} µs is more than the {} µs \
-                 of polling a frame allowed (0 turns the mode off)",
-                opts.spin.as_micros(),
-                MAX_SPIN.as_micros()
-            )));
-        }
+        check_spin(opts.spin)?;
         let deadline = Instant::now()
             .checked_add(opts.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));

@@ -2446,13 +2446,7 @@ impl FramePublisher {
     /// default): off; at most [`crate::client::MAX_SPIN`]. The figures: `stats().0`'s
     /// `spin_caught` and `spin_missed`.
     pub fn set_spin(&self, spin: Duration) -> Result<()> {
-        if spin > crate::client::MAX_SPIN {
-            return Err(Error::Invalid(format!(
-                "a low-latency budget (spin, spin_us) of {} µs is more than the {} µs allowed",
-                spin.as_micros(),
-                crate::client::MAX_SPIN.as_micros()
-            )));
-        }
+        crate::client::check_spin(spin)?;
         self.spin_ns
             .store(spin.as_nanos() as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())

@@ -79,3 +79,11 @@ pub fn endpoint(
     gpushm::names::Endpoint::from_settings(path, stream, "path")
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
+
+/// A `spin_us` argument as a budget, refused over the core's bound with its reason.
+pub fn spin(spin_us: u32) -> PyResult<Duration> {
+    let spin = Duration::from_micros(spin_us.into());
+    gpushm::client::check_spin(spin)
+        .map_err(|e| PyValueError::new_err(format!("spin_us={spin_us}: {e}")))?;
+    Ok(spin)
+}

@@ -142,13 +142,7 @@ impl Publisher {
         stream: Option<String>,
         spin_us: u32,
     ) -> PyResult<Self> {
-        let spin = std::time::Duration::from_micros(spin_us.into());
-        if spin > gpushm::client::MAX_SPIN {
-            return Err(PyValueError::new_err(format!(
-                "spin_us={spin_us}: at most {} µs of polling a frame (0: off)",
-                gpushm::client::MAX_SPIN.as_micros()
-            )));
-        }
+        let spin = crate::errors::spin(spin_us)?;
         let path = match crate::errors::endpoint(path, stream)? {
             gpushm::names::Endpoint::Path(p) => p,
             gpushm::names::Endpoint::Stream(n) => {

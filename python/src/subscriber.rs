@@ -126,16 +126,7 @@ impl Subscriber {
             timeout: timeout.unwrap_or(Duration::MAX),
             producer_uid,
             device_memory,
-            spin: {
-                let spin = Duration::from_micros(spin_us.into());
-                if spin > gpushm::client::MAX_SPIN {
-                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
-                        "spin_us={spin_us}: at most {} µs of polling a frame (0: off)",
-                        gpushm::client::MAX_SPIN.as_micros()
-                    )));
-                }
-                spin
-            },
+            spin: crate::errors::spin(spin_us)?,
             ..Default::default()
         };
         if let Some(n) = name {

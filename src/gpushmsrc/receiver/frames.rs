@@ -142,14 +142,13 @@ impl Worker {
             // SAFETY: the publish meta of the buffer made ahead, which we hold.
             std::hint::black_box(unsafe { (*a.metas.publish.as_ptr()).timestamp });
         }
-        std::hint::black_box(self.shared.q.try_lock().is_ok());
         let sh = &self.shared;
         std::hint::black_box((
+            sh.q.try_lock().is_ok(),
             sh.received.load(Ordering::Relaxed),
             sh.producer_dropped.load(Ordering::Relaxed),
             sh.latency.load(Ordering::Relaxed),
             sh.spin_caught.load(Ordering::Relaxed),
-            sh.streaming_reads.load(Ordering::Relaxed),
         ));
         // The receiver thread (the streaming thread away pushing) would warm another core's
         // caches, and contend with the streaming thread for the element's locks.
