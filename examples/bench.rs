@@ -373,7 +373,19 @@ fn capi_mode(args: &[String]) {
         );
         return;
     }
-    println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds)\n");
+    // Where the scheduler puts the two processes (the same core or two, a core that was idle
+    // or not) changes a frame's cost by up to twice from one run to the next on a VM: pinned,
+    // every consumer is measured in the same place.
+    let pinned = match args.iter().any(|a| a == "--no-pin") {
+        true => None,
+        false => two_cpus(),
+    };
+    *PIN.lock().unwrap() = pinned;
+    let place = match pinned {
+        Some((p, c)) => format!("producer on CPU {p}, consumer on CPU {c}"),
+        None => "placed by the scheduler".into(),
+    };
+    println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds, {place})\n");
     println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) | per frame: minor faults / context switches (voluntary, involuntary) |");
     println!("|---|---|---|---|---|");
     for (name, format, w, h) in [
@@ -381,12 +393,16 @@ fn capi_mode(args: &[String]) {
         ("1080p NV12", "NV12", 1920, 1080),
     ] {
         let mut cpu = std::collections::HashMap::<&str, Vec<f64>>::new();
-        for _ in 0..rounds {
-            for (t, label) in [
-                ("capi", "C (libgpushm)"),
-                ("sub", "Rust (gpushm crate)"),
-                ("gpushm", "gpushmsrc ! fakesink"),
-            ] {
+        let consumers = [
+            ("capi", "C (libgpushm)"),
+            ("sub", "Rust (gpushm crate)"),
+            ("gpushm", "gpushmsrc ! fakesink"),
+        ];
+        for round in 0..rounds {
+            // Each round starts with the next consumer: none always runs first (after the
+            // previous size's or round's runs) or always right after another.
+            for i in 0..consumers.len() {
+                let (t, label) = consumers[(round as usize + i) % consumers.len()];
                 let r = run_format(t, format, w, h, frames, 60, false, false);
                 let c = &r.consumer;
                 println!(
@@ -405,9 +421,22 @@ fn capi_mode(args: &[String]) {
             let v = &cpu[t];
             v.iter().sum::<f64>() / v.len() as f64
         };
+        // Rounds drift (the machine's state): each round's C against the same round's Rust.
+        let mut paired: Vec<f64> = cpu["capi"]
+            .iter()
+            .zip(&cpu["sub"])
+            .map(|(c, r)| c / r.max(f64::MIN_POSITIVE) * 100.0)
+            .collect();
+        paired.sort_by(f64::total_cmp);
         println!(
-            "| {name} | C / Rust CPU per frame | | {:.0} % | |",
-            mean("capi") / mean("sub") * 100.0
+            "| {name} | C / Rust CPU per frame | | {:.0} % (means), {:.0} % (median of the rounds' ratios: {}) | |",
+            mean("capi") / mean("sub") * 100.0,
+            (paired[(paired.len() - 1) / 2] + paired[paired.len() / 2]) / 2.0,
+            paired
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
 }
@@ -813,6 +842,10 @@ fn run_format(
         }))
         .collect();
     let last = socks.last().unwrap().clone();
+    let pinned = *PIN.lock().unwrap();
+    if let Some((cpu, _)) = pinned {
+        pin(&mut p, cpu);
+    }
     let spawn_consumer = || {
         let mut c = if transport == "capi" {
             let mut c = Command::new(c_consumer());
@@ -825,6 +858,9 @@ fn run_format(
         };
         if cudasum {
             c.arg("--cudasum");
+        }
+        if let Some((_, cpu)) = pinned {
+            pin(&mut c, cpu);
         }
         c.spawn()
             .expect("spawn consumer (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench)")
@@ -973,6 +1009,37 @@ fn relay(args: &[String]) -> Result<(), String> {
 }
 
 /// How long each pipeline of a run may take (`GPUSHM_BENCH_TIMEOUT`, seconds; 120).
+/// CPUs that `bench capi` pins its producer and consumer to (none: the scheduler places them).
+static PIN: Mutex<Option<(usize, usize)>> = Mutex::new(None);
+
+/// The last two CPUs this process may run on (CPU 0 takes more of the machine's interrupts).
+fn two_cpus() -> Option<(usize, usize)> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    match cpus[..] {
+        [.., a, b] => Some((a, b)),
+        _ => None,
+    }
+}
+
+/// Runs the process `c` starts on `cpu` only (its threads inherit it).
+fn pin(c: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_err() {
+        return;
+    }
+    // SAFETY: between fork and exec only a system call runs (no allocation, no lock).
+    unsafe {
+        c.pre_exec(move || {
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
 fn timeout_s() -> u64 {
     std::env::var("GPUSHM_BENCH_TIMEOUT")
         .ok()
