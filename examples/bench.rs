@@ -28,7 +28,8 @@
 //! producer and the consumer, end to end; built with `--features stages`, a diagnostic build
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
-//! `bench capi` (the C API's consumer against the Rust subscriber and gpushmsrc),
+//! `bench capi [--rounds N] [--no-pin]` (the C API's consumer against the Rust subscriber and
+//! gpushmsrc, rounds rotating which goes first, producer and consumer pinned to two CPUs),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 
@@ -1008,7 +1009,6 @@ fn relay(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// How long each pipeline of a run may take (`GPUSHM_BENCH_TIMEOUT`, seconds; 120).
 /// CPUs that `bench capi` pins its producer and consumer to (none: the scheduler places them).
 static PIN: Mutex<Option<(usize, usize)>> = Mutex::new(None);
 
@@ -1040,6 +1040,7 @@ fn pin(c: &mut Command, cpu: usize) {
     }
 }
 
+/// How long each pipeline of a run may take (`GPUSHM_BENCH_TIMEOUT`, seconds; 120).
 fn timeout_s() -> u64 {
     std::env::var("GPUSHM_BENCH_TIMEOUT")
         .ok()
