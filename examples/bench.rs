@@ -28,8 +28,9 @@
 //! producer and the consumer, end to end; built with `--features stages`, a diagnostic build
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
-//! `bench capi [--rounds N] [--no-pin]` (the C API's consumer against the Rust subscriber and
-//! gpushmsrc, rounds rotating which goes first, producer and consumer pinned to two CPUs),
+//! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
+//! against the Rust subscriber and gpushmsrc, rounds rotating which goes first, producer and
+//! consumer pinned to two CPUs, `--no-aslr`: consumers at the same addresses every run),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 
@@ -218,10 +219,12 @@ fn produce(args: &[String]) -> Result<(), String> {
     };
     let live = fps > 0;
     // A live source paces itself; no sink waits on the clock, so latency is the transport's.
+    // GPUSHM_BENCH_SINK_PROPS: more gpushmsink properties (`slots=32`), to try a setting.
     let sink = match transport.as_str() {
         "gpushm" => format!(
-            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={}",
-            std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into())
+            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={} {}",
+            std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into()),
+            std::env::var("GPUSHM_BENCH_SINK_PROPS").unwrap_or_default()
         ),
         // shmsink's allocator pads each buffer: tiny frames need more than 12 frames' bytes.
         "shm" => format!("shmsink name=sink socket-path={socket} wait-for-connection=true sync=false shm-size={}", (size * 12).max(4 << 20)),
@@ -386,13 +389,28 @@ fn capi_mode(args: &[String]) {
         Some((p, c)) => format!("producer on CPU {p}, consumer on CPU {c}"),
         None => "placed by the scheduler".into(),
     };
+    // Where the libraries, heap and stack land changes after every start: --no-aslr puts each
+    // consumer at the same addresses every run, to tell that apart from the code's own cost.
+    let fixed = args.iter().any(|a| a == "--no-aslr");
+    NO_ASLR.store(fixed, std::sync::atomic::Ordering::Relaxed);
+    let place = match fixed {
+        true => format!("{place}, consumers without address-space randomisation"),
+        false => place,
+    };
+    let only = arg(args, "--only");
     println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds, {place})\n");
     println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) | per frame: minor faults / context switches (voluntary, involuntary) |");
     println!("|---|---|---|---|---|");
     for (name, format, w, h) in [
         ("64x64 GRAY8", "GRAY8", 64, 64),
         ("1080p NV12", "NV12", 1920, 1080),
-    ] {
+    ]
+    .into_iter()
+    .filter(|(_, _, w, _)| match only.as_deref() {
+        Some("tiny") => *w == 64,
+        Some("1080p") => *w == 1920,
+        _ => true,
+    }) {
         let mut cpu = std::collections::HashMap::<&str, Vec<f64>>::new();
         let consumers = [
             ("capi", "C (libgpushm)"),
@@ -863,6 +881,9 @@ fn run_format(
         if let Some((_, cpu)) = pinned {
             pin(&mut c, cpu);
         }
+        if NO_ASLR.load(std::sync::atomic::Ordering::Relaxed) {
+            no_aslr(&mut c);
+        }
         c.spawn()
             .expect("spawn consumer (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench)")
     };
@@ -1011,6 +1032,25 @@ fn relay(args: &[String]) -> Result<(), String> {
 
 /// CPUs that `bench capi` pins its producer and consumer to (none: the scheduler places them).
 static PIN: Mutex<Option<(usize, usize)>> = Mutex::new(None);
+
+/// `bench capi --no-aslr`: consumers start with address-space randomisation off, each at the
+/// same addresses every run.
+static NO_ASLR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Starts the process `c` starts with address-space randomisation off.
+fn no_aslr(c: &mut Command) {
+    use nix::sys::personality::{self, Persona};
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only system calls run (no allocation, no lock).
+    unsafe {
+        c.pre_exec(|| {
+            let p = personality::get().map_err(std::io::Error::from)?;
+            personality::set(p | Persona::ADDR_NO_RANDOMIZE)
+                .map(drop)
+                .map_err(std::io::Error::from)
+        });
+    }
+}
 
 /// The last two CPUs this process may run on (CPU 0 takes more of the machine's interrupts).
 fn two_cpus() -> Option<(usize, usize)> {
