@@ -4,4 +4,5 @@
 fn main() {
     let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_else(|_| "0".into());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libgpushm.so.{major}");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,keep-text-section-prefix");
 }

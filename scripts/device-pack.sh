@@ -72,6 +72,9 @@ cp -L "${CARGO_TARGET_DIR:-$here/target}/release/libgpushm.so" "$out/capi/libgpu
 cc -std=c11 -O1 -g -Wall -Wextra -pedantic -Werror -pthread capi/tests/capi_test.c -o "$out/capi/capi_test" \
   -Icapi/include -L"$out/capi" -l:libgpushm.so.0 -ldl -Wl,-rpath,'$ORIGIN'
 cp capi/tests/gpu.sh "$out/capi/"
-# The C consumer of `bench capi`, beside bench (examples/), against the same libgpushm.
-cc -std=c11 -O2 -Wall -Wextra capi/bench/c_consumer.c -o "$out/examples/c_consumer" \
-  -Icapi/include -L"$out/capi" -l:libgpushm.so.0 -Wl,-rpath,'$ORIGIN/../capi'
+# The C consumer of `bench capi` and c_cold (`bench cold`'s C side), beside bench (examples/),
+# against the same libgpushm.
+for c in c_consumer c_cold; do
+  cc -std=c11 -O2 -Wall -Wextra capi/bench/$c.c -o "$out/examples/$c" \
+    -Icapi/include -L"$out/capi" -l:libgpushm.so.0 -Wl,-rpath,'$ORIGIN/../capi'
+done

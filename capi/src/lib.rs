@@ -266,6 +266,7 @@ fn invalid(msg: impl Into<String>) -> Fail {
 }
 
 /// Runs `f` at the boundary: its status, its message for gpushm_last_error, panics caught.
+#[inline(always)]
 fn guard(f: impl FnOnce() -> Result<gpushm_status, Fail>) -> gpushm_status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(code)) => {
@@ -290,6 +291,7 @@ fn guard(f: impl FnOnce() -> Result<gpushm_status, Fail>) -> gpushm_status {
     }
 }
 
+#[inline(always)]
 fn out_ptr<T>(p: *mut T, what: &str) -> Result<*mut T, Fail> {
     if p.is_null() {
         Err(invalid(format!("{what} is NULL")))
@@ -311,6 +313,7 @@ unsafe fn string(s: *const c_char, what: &str) -> Result<String, Fail> {
         .map_err(|_| invalid(format!("{what} is not UTF-8")))
 }
 
+#[inline(always)]
 fn timeout(ns: i64) -> Option<Duration> {
     (ns >= 0).then(|| Duration::from_nanos(ns as u64))
 }
@@ -348,10 +351,12 @@ impl<T> Table<T> {
         }
     }
 
+    #[inline(always)]
     fn id(&self, index: usize, gen: u64) -> u64 {
         (self.kind << 56) | (((index as u64) + 1) << GEN_BITS) | gen
     }
 
+    #[inline(always)]
     fn insert(&mut self, item: Arc<T>) -> Result<u64, Fail> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -372,6 +377,7 @@ impl<T> Table<T> {
         Ok(self.id(index, gen))
     }
 
+    #[inline(always)]
     fn index(&self, id: u64) -> Option<usize> {
         if id >> 56 != self.kind {
             return None;
@@ -381,10 +387,12 @@ impl<T> Table<T> {
         (e.gen == id & GEN_MASK && e.item.is_some()).then_some(i)
     }
 
+    #[inline(always)]
     fn get(&self, id: u64) -> Option<Arc<T>> {
         self.index(id).and_then(|i| self.entries[i].item.clone())
     }
 
+    #[inline(always)]
     fn remove(&mut self, id: u64) -> Option<Arc<T>> {
         let i = self.index(id)?;
         let e = &mut self.entries[i];
@@ -398,6 +406,7 @@ impl<T> Table<T> {
     }
 }
 
+#[inline(always)]
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -407,6 +416,8 @@ static FRAMES: Mutex<Table<FrameObj>> = Mutex::new(Table::new(KIND_FRAME));
 static PUBLISHERS: Mutex<Table<PubObj>> = Mutex::new(Table::new(KIND_PUBLISHER));
 static SLOTS: Mutex<Table<SlotObj>> = Mutex::new(Table::new(KIND_SLOT));
 
+#[cold]
+#[inline(never)]
 fn bad_handle(what: &str) -> Fail {
     Fail(
         GPUSHM_ERROR_BAD_HANDLE,
@@ -414,6 +425,7 @@ fn bad_handle(what: &str) -> Fail {
     )
 }
 
+#[inline(always)]
 fn get<T>(table: &Mutex<Table<T>>, h: *const std::ffi::c_void, what: &str) -> Result<Arc<T>, Fail> {
     lock(table).get(h as u64).ok_or_else(|| bad_handle(what))
 }
@@ -456,12 +468,19 @@ struct ConnState {
 }
 
 impl SubObj {
+    #[inline(always)]
     fn watch(&self, st: &mut ConnState) -> Result<(), Fail> {
-        let Some(sub) = st
-            .sub
-            .as_ref()
-            .filter(|_| st.watching && st.watched.is_empty())
-        else {
+        if st.sub.is_none() || !st.watching || !st.watched.is_empty() {
+            return Ok(());
+        }
+        self.add_watches(st)
+    }
+
+    /// Puts the connection's descriptors in the epoll set (once per connection).
+    #[cold]
+    #[inline(never)]
+    fn add_watches(&self, st: &mut ConnState) -> Result<(), Fail> {
+        let Some(sub) = st.sub.as_ref() else {
             return Ok(());
         };
         for fd in sub.poll_fds() {
@@ -491,6 +510,50 @@ impl SubObj {
         );
     }
 
+    /// The producer went away: connects again (reconnect is on). Out of the frame's way.
+    #[cold]
+    #[inline(never)]
+    fn reconnect(&self, st: &mut ConnState, deadline: Option<Instant>) -> Result<(), Fail> {
+        let _ = self.retry.wait();
+        let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        let mut o = self.opts.clone();
+        o.timeout = left.map_or(self.opts.timeout, |l| l.min(self.opts.timeout));
+        let c = match Subscriber::connect_to(&self.endpoint, &o, &self.waker) {
+            Ok(c) => c,
+            Err(Error::Interrupted) => {
+                // connect does not take the wake-up back: the next wait must block.
+                self.waker.clear();
+                return Err(Fail(GPUSHM_INTERRUPTED, "interrupted".into()));
+            }
+            Err(Error::Timeout(_))
+                if deadline.is_some_and(|d| Instant::now() >= d)
+                    && st
+                        .gone_since
+                        .is_some_and(|g| g.elapsed() < self.opts.timeout) =>
+            {
+                return Err(Fail(
+                    GPUSHM_TIMEOUT,
+                    "no producer came back within the timeout".into(),
+                ))
+            }
+            Err(Error::Timeout(_)) => {
+                return Err(Fail(
+                    GPUSHM_ERROR_DISCONNECTED,
+                    format!(
+                        "the producer went away and none came back within connect_timeout_ns at {}",
+                        self.endpoint
+                    ),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let _ = self.retry.unset();
+        st.sub = Some(c);
+        st.gone_since = None;
+        Ok(())
+    }
+
+    #[inline(always)]
     fn closed(&self) -> Result<(), Fail> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Fail(
@@ -657,6 +720,7 @@ unsafe fn open_subscriber(
 /// ended. GPUSHM_INTERRUPTED: `gpushm_subscriber_interrupt` was called, or the subscriber
 /// destroyed. Calls on one subscriber from several threads take turns.
 #[no_mangle]
+#[link_section = ".text.hot.gpushm"]
 pub unsafe extern "C" fn gpushm_subscriber_next_frame(
     sub: *mut gpushm_subscriber,
     timeout_ns: i64,
@@ -670,6 +734,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame(
 /// `*frame` is the frame (to release and destroy) and `*info` describes it. One handle
 /// lookup less per frame: the way to take frames where every microsecond counts.
 #[no_mangle]
+#[link_section = ".text.hot.gpushm"]
 pub unsafe extern "C" fn gpushm_subscriber_next_frame_info(
     sub: *mut gpushm_subscriber,
     timeout_ns: i64,
@@ -685,6 +750,7 @@ pub unsafe extern "C" fn gpushm_subscriber_next_frame_info(
 
 /// # Safety
 /// `frame` and `info` are NULL or writable; `sub` is any value.
+#[link_section = ".text.hot.gpushm"]
 unsafe fn next_frame(
     sub: *mut gpushm_subscriber,
     timeout_ns: i64,
@@ -713,52 +779,24 @@ unsafe fn next_frame(
         loop {
             s.closed()?;
             if st.sub.is_none() {
-                // The producer went away: connect again (reconnect is on).
-                let _ = s.retry.wait();
-                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                let mut o = s.opts.clone();
-                o.timeout = left.map_or(s.opts.timeout, |l| l.min(s.opts.timeout));
-                let c = match Subscriber::connect_to(&s.endpoint, &o, &s.waker) {
-                    Ok(c) => c,
-                    Err(Error::Interrupted) => {
-                        // connect does not take the wake-up back: the next wait must block.
-                        s.waker.clear();
-                        return Err(Fail(GPUSHM_INTERRUPTED, "interrupted".into()));
-                    }
-                    Err(Error::Timeout(_))
-                        if deadline.is_some_and(|d| Instant::now() >= d)
-                            && st.gone_since.is_some_and(|g| g.elapsed() < s.opts.timeout) =>
-                    {
-                        return Err(Fail(
-                            GPUSHM_TIMEOUT,
-                            "no producer came back within the timeout".into(),
-                        ))
-                    }
-                    Err(Error::Timeout(_)) => {
-                        return Err(Fail(
-                            GPUSHM_ERROR_DISCONNECTED,
-                            format!(
-                                "the producer went away and none came back within connect_timeout_ns at {}",
-                                s.endpoint
-                            ),
-                        ))
-                    }
-                    Err(e) => return Err(e.into()),
-                };
-                let _ = s.retry.unset();
-                st.sub = Some(c);
-                st.gone_since = None;
+                s.reconnect(&mut st, deadline)?;
             }
             s.watch(&mut st)?;
             let c = st.sub.as_mut().expect("connected above");
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match c.next_frame(left) {
                 Ok(Some(f)) => {
-                    let obj = Arc::new(FrameObj::new(f, &mut st.shape));
-                    if let (Some(info), Some(f)) = (info, lock(&obj.frame).as_ref()) {
-                        // SAFETY: checked non-NULL by the caller.
-                        unsafe { info.write(obj.info(f)) };
+                    let shape = shape(&f, &mut st.shape);
+                    if let Some(info) = info {
+                        // SAFETY: checked non-NULL by the caller. Described before the frame
+                        // moves into its object: its pointers are into the mapping, not into
+                        // the Frame.
+                        unsafe { describe_frame(&shape, &f, info) };
                     }
+                    let obj = Arc::new(FrameObj {
+                        frame: Mutex::new(Some(f)),
+                        shape,
+                    });
                     let id = lock(&FRAMES).insert(obj)?;
                     // SAFETY: checked non-NULL.
                     unsafe { out.write(id as *mut gpushm_frame) };
@@ -911,6 +949,7 @@ struct LayoutKey {
 
 /// The [`Shape`] of `f`: `last`'s when the caps and layout are the last frame's (the
 /// subscriber's own cache, under the lock its frames are taken with).
+#[inline(always)]
 fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Arc<Shape> {
     let m = &f.meta;
     let mut fields = [0u64; 20];
@@ -933,6 +972,18 @@ fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Arc<Shape> {
             return s.clone();
         }
     }
+    new_shape(f, fields, last)
+}
+
+/// Makes the [`Shape`] of `f` (new caps or layout), keeps it in `last`.
+#[cold]
+#[inline(never)]
+fn new_shape(
+    f: &Frame,
+    fields: [u64; 20],
+    last: &mut Option<(LayoutKey, Arc<Shape>)>,
+) -> Arc<Shape> {
+    let m = &f.meta;
     let mut template = empty_info();
     if let Ok(g) = FrameGeometry::of_frame(m, &f.caps) {
         describe(
@@ -987,41 +1038,41 @@ fn set_format(info: &mut gpushm_frame_info, name: &str) {
     }
 }
 
-impl FrameObj {
-    fn new(f: Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Self {
-        Self {
-            shape: shape(&f, last),
-            frame: Mutex::new(Some(f)),
+/// Writes `f`'s description (of `shape`, its caps and layout) to `out`, in place: a frame
+/// arrives to cold caches after a sleep, and each line of the stack a copy of the 300-byte
+/// description goes through is a miss (see the README's "What the C layer costs").
+///
+/// # Safety
+/// `out` is writable.
+#[inline(always)]
+unsafe fn describe_frame(shape: &Shape, f: &Frame, out: *mut gpushm_frame_info) {
+    // SAFETY: the caller's pointer; the template is plain data.
+    let info = unsafe {
+        out.write(shape.template.0);
+        &mut *out
+    };
+    let on_device = f.is_on_device();
+    let (ptr, size) = f.as_ptr();
+    let base = if on_device {
+        std::ptr::null_mut()
+    } else {
+        ptr as *mut u8
+    };
+    info.data = base;
+    info.size = size as u64;
+    info.pts = f.meta.pts;
+    info.dts = f.meta.dts;
+    info.duration = f.meta.duration;
+    info.offset = f.meta.offset;
+    // Bits below GST_MINI_OBJECT_FLAG_LAST (1 << 4) are the mini object's, not the buffer's.
+    info.flags = f.meta.buffer_flags & !0xf;
+    info.publish_ns = f.meta.publish_ns;
+    info.on_device = on_device as c_int;
+    if !base.is_null() {
+        let n = (info.n_planes as usize).min(GPUSHM_MAX_PLANES);
+        for p in &mut info.planes[..n] {
+            p.data = base.wrapping_add(p.offset as usize);
         }
-    }
-
-    /// The frame's description (made where the caller reads it, not kept per frame).
-    fn info(&self, f: &Frame) -> gpushm_frame_info {
-        let mut info = self.shape.template.0;
-        let on_device = f.is_on_device();
-        let (ptr, size) = f.as_ptr();
-        let base = if on_device {
-            std::ptr::null_mut()
-        } else {
-            ptr as *mut u8
-        };
-        info.data = base;
-        info.size = size as u64;
-        info.pts = f.meta.pts;
-        info.dts = f.meta.dts;
-        info.duration = f.meta.duration;
-        info.offset = f.meta.offset;
-        // Bits below GST_MINI_OBJECT_FLAG_LAST (1 << 4) are the mini object's, not the buffer's.
-        info.flags = f.meta.buffer_flags & !0xf;
-        info.publish_ns = f.meta.publish_ns;
-        info.on_device = on_device as c_int;
-        if !base.is_null() {
-            let n = info.n_planes as usize;
-            for p in &mut info.planes[..n] {
-                p.data = base.wrapping_add(p.offset as usize);
-            }
-        }
-        info
     }
 }
 
@@ -1108,10 +1159,8 @@ pub unsafe extern "C" fn gpushm_frame_get_info(
         if let Some(why) = unusable(held.as_ref()) {
             return Err(why);
         }
-        let i = f.info(held.as_ref().expect("checked"));
-        drop(held);
         // SAFETY: checked non-NULL.
-        unsafe { out.write(i) };
+        unsafe { describe_frame(&f.shape, held.as_ref().expect("checked"), out) };
         Ok(GPUSHM_OK)
     })
 }
@@ -1204,6 +1253,7 @@ pub unsafe extern "C" fn gpushm_frame_cuda_ptr(
 /// Gives the frame back to the producer: its pointers are invalid from now on, and further
 /// calls on it (but `gpushm_frame_destroy`) return GPUSHM_ERROR_RELEASED.
 #[no_mangle]
+#[link_section = ".text.hot.gpushm"]
 pub unsafe extern "C" fn gpushm_frame_release(frame: *mut gpushm_frame) -> gpushm_status {
     guard(|| {
         let f = get(&FRAMES, frame as _, "frame")?;
@@ -1223,6 +1273,7 @@ pub unsafe extern "C" fn gpushm_frame_release(frame: *mut gpushm_frame) -> gpush
 
 /// Frees the frame handle, releasing the frame first if it was not.
 #[no_mangle]
+#[link_section = ".text.hot.gpushm"]
 pub unsafe extern "C" fn gpushm_frame_destroy(frame: *mut gpushm_frame) -> gpushm_status {
     guard(|| {
         let f = lock(&FRAMES)

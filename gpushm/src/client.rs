@@ -120,6 +120,7 @@ impl Releaser {
     }
 
     /// Gives `e` back, after any release still waiting.
+    #[link_section = ".text.hot.gpushm"]
     fn release(&self, e: Entry) {
         self.leases.fetch_sub(1, Ordering::AcqRel);
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
@@ -180,6 +181,7 @@ impl SlotLease {
 }
 
 impl Drop for SlotLease {
+    #[link_section = ".text.hot.gpushm"]
     fn drop(&mut self) {
         self.releaser.release(self.entry);
     }
@@ -317,6 +319,7 @@ impl WaitFds {
 
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     /// Returns also whether the socket was readable (or hung up).
+    #[link_section = ".text.hot.gpushm"]
     pub fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
         // ppoll: a timeout to the µs (low-latency mode sleeps until just before a frame).
         let t = timeout.map(|d| TimeSpec::from_duration(d.min(Duration::from_secs(1 << 31))));
@@ -788,6 +791,7 @@ impl Connection {
 
     /// The next frame, if one is queued. `Err(Disconnected)` once the producer is gone and
     /// every frame it delivered was taken.
+    #[link_section = ".text.hot.gpushm"]
     pub fn try_next(&mut self) -> Result<Option<Frame>> {
         // Read the socket only when poll() said it has news (or a frame needs news): no
         // syscall per frame for nothing.
@@ -854,6 +858,7 @@ impl Connection {
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     /// In low-latency mode, polls the ring around the time the next frame is due first,
     /// calling `warm_up` as the poll starts.
+    #[link_section = ".text.hot.gpushm"]
     pub fn wait(
         &mut self,
         wake: BorrowedFd<'_>,
@@ -878,6 +883,7 @@ impl Connection {
     /// poll was not spent on it yet, sleeps (woken by a frame as usual) until a little before
     /// it is due, then polls the ring for at most the budget. `None`: no frame came in that
     /// time (or no poll is due): wait as usual.
+    #[link_section = ".text.hot.gpushm"]
     fn wait_spinning(
         &mut self,
         wake: BorrowedFd<'_>,
@@ -950,6 +956,7 @@ impl Connection {
 
     /// Sleeps on the descriptors until a frame may be ready, the socket has news, `wake`
     /// fires or `timeout` ends.
+    #[link_section = ".text.hot.gpushm"]
     fn wait_blocking(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
         let always = self.always_wake.load(Ordering::Relaxed);
         if !always {
@@ -1268,6 +1275,7 @@ impl Subscriber {
 
     /// The next frame if one is ready, without waiting: `Ok(None)` when none is (see
     /// [`Self::is_eos`]).
+    #[link_section = ".text.hot.gpushm"]
     pub fn try_next_frame(&mut self) -> Result<Option<Frame>> {
         self.conn.try_next()
     }
@@ -1320,6 +1328,7 @@ impl Subscriber {
     /// `Err(Error::Timeout)` when none came within `timeout` (`None`: wait as long as it
     /// takes), `Err(Error::Interrupted)` when woken ([`Self::waker`]), `Err(Disconnected)`
     /// or another error when the producer went away.
+    #[link_section = ".text.hot.gpushm"]
     pub fn next_frame(&mut self, timeout: Option<Duration>) -> Result<Option<Frame>> {
         self.next_frame_warming(timeout, &mut || {})
     }
@@ -1331,6 +1340,7 @@ impl Subscriber {
     /// frame's way: read once while waiting, they cost it nothing (gpushmsrc's way from the
     /// ring to its source pad took 5 µs less on the H200 machine). It runs at most once a
     /// frame, never without the mode, and must not block.
+    #[link_section = ".text.hot.gpushm"]
     pub fn next_frame_warming(
         &mut self,
         timeout: Option<Duration>,

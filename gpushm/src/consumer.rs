@@ -206,6 +206,7 @@ impl ConsumerRing {
     /// Reads and checks the descriptor of a frame this consumer took from its queue. Returns
     /// the metadata and a pointer to the slot's first byte; `payload_size` bytes from there lie
     /// inside the mapping.
+    #[link_section = ".text.hot.gpushm"]
     pub fn read_frame(&self, e: &Entry) -> Result<(FrameMeta, *const u8)> {
         if e.ring_gen != self.ring_gen {
             return Err(Error::protocol(format!(
@@ -384,6 +385,7 @@ impl ConsumerChannel {
     }
 
     /// Whether a frame seems to be queued for us (a hint: [`Self::take`] checks).
+    #[link_section = ".text.hot.gpushm"]
     pub fn has_delivery(&self) -> bool {
         let h = self.header();
         h.wpos.load(Ordering::Acquire) != h.rpos.load(Ordering::Acquire)
@@ -397,6 +399,7 @@ impl ConsumerChannel {
     }
 
     /// Takes the oldest frame handed to us, if any.
+    #[link_section = ".text.hot.gpushm"]
     pub fn take(&self) -> Result<Option<Entry>> {
         let h = self.header();
         loop {
@@ -455,6 +458,7 @@ impl ConsumerChannel {
 
     /// Gives a frame back. Returns false if the release queue is full (the producer has not
     /// caught up yet); the caller keeps the entry and tries again later.
+    #[link_section = ".text.hot.gpushm"]
     pub fn release(&self, e: Entry) -> bool {
         let mut w = self.rel.lock().unwrap_or_else(|p| p.into_inner());
         let r = self.header().rel_rpos.load(Ordering::Acquire);
