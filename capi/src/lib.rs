@@ -340,7 +340,13 @@ struct Table<T> {
     kind: u64,
     entries: Vec<Entry<T>>,
     free: Vec<usize>,
+    /// Objects given back for reuse (frames: a frame's way then calls neither malloc nor
+    /// free, two more pages of code after a sleep).
+    spare: Vec<Arc<T>>,
 }
+
+/// Frame objects kept for reuse, at most.
+const SPARE_FRAMES: usize = 4;
 
 impl<T> Table<T> {
     const fn new(kind: u64) -> Self {
@@ -348,6 +354,7 @@ impl<T> Table<T> {
             kind,
             entries: Vec::new(),
             free: Vec::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -793,11 +800,28 @@ unsafe fn next_frame(
                         // the Frame.
                         unsafe { describe_frame(&shape, &f, info) };
                     }
-                    let obj = Arc::new(FrameObj {
-                        frame: Mutex::new(Some(f)),
-                        shape,
-                    });
-                    let id = lock(&FRAMES).insert(obj)?;
+                    let mut frames = lock(&FRAMES);
+                    let obj = match frames.spare.pop() {
+                        Some(mut obj) => {
+                            // Only the table held it (spares are unique).
+                            if let Some(o) = Arc::get_mut(&mut obj) {
+                                *o.frame.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                                o.shape = shape;
+                                obj
+                            } else {
+                                Arc::new(FrameObj {
+                                    frame: Mutex::new(Some(f)),
+                                    shape,
+                                })
+                            }
+                        }
+                        None => Arc::new(FrameObj {
+                            frame: Mutex::new(Some(f)),
+                            shape,
+                        }),
+                    };
+                    let id = frames.insert(obj)?;
+                    drop(frames);
                     // SAFETY: checked non-NULL.
                     unsafe { out.write(id as *mut gpushm_frame) };
                     return Ok(GPUSHM_OK);
@@ -968,7 +992,14 @@ fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Arc<Shape> {
         ]);
     }
     if let Some((k, s)) = last.as_ref() {
-        if k.fields == fields && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
+        // Compared in line: `==` on the arrays calls libc's memcmp, a page of code the
+        // frame's way touches for nothing else.
+        let differ = k
+            .fields
+            .iter()
+            .zip(&fields)
+            .fold(0, |d, (a, b)| d | (a ^ b));
+        if differ == 0 && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
             return s.clone();
         }
     }
@@ -1276,9 +1307,20 @@ pub unsafe extern "C" fn gpushm_frame_release(frame: *mut gpushm_frame) -> gpush
 #[link_section = ".text.hot.gpushm"]
 pub unsafe extern "C" fn gpushm_frame_destroy(frame: *mut gpushm_frame) -> gpushm_status {
     guard(|| {
-        let f = lock(&FRAMES)
+        let mut f = lock(&FRAMES)
             .remove(frame as u64)
             .ok_or_else(|| bad_handle("frame"))?;
+        // The last holder (no other thread is in a call on it): its frame goes back now,
+        // outside the table's lock (a release may ring the producer), and the object is kept
+        // for the next frame.
+        if let Some(o) = Arc::get_mut(&mut f) {
+            drop(o.frame.get_mut().unwrap_or_else(|e| e.into_inner()).take());
+            let mut frames = lock(&FRAMES);
+            if frames.spare.len() < SPARE_FRAMES {
+                frames.spare.push(f);
+                return Ok(GPUSHM_OK);
+            }
+        }
         drop(f);
         Ok(GPUSHM_OK)
     })
