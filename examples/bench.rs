@@ -31,6 +31,8 @@
 //! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
 //! against the Rust subscriber and gpushmsrc, rounds rotating which goes first, producer and
 //! consumer pinned to two CPUs, `--no-aslr`: consumers at the same addresses every run),
+//! `bench cold [--frames N] [--evict-mib M] [--sleep-us U]` (what taking a frame costs after a
+//! sleep and a cache eviction; capi/bench/c_cold.c measures the C call the same way),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 
@@ -373,7 +375,7 @@ fn subscribe(args: &[String]) -> Result<(), String> {
 fn cold(args: &[String]) -> Result<(), String> {
     use gpushm::format::{FrameLayout, VideoFormat};
     use gpushm::publisher::{Config, FramePublisher};
-    let n = num(args, "--frames", 500) as usize;
+    let n = num(args, "--frames", 500).max(1) as usize;
     let evict_mib = num(args, "--evict-mib", 16) as usize;
     let nap = Duration::from_micros(num(args, "--sleep-us", 1000));
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -460,6 +462,10 @@ fn capi_mode(args: &[String]) {
         false => place,
     };
     let only = arg(args, "--only");
+    if let Some(o) = only.as_deref().filter(|o| !["tiny", "1080p"].contains(o)) {
+        println!("bench capi --only {o}: tiny or 1080p");
+        return;
+    }
     println!("\n## The C API against the Rust subscriber and gpushmsrc ({frames} frames at 60 fps, lossless, {rounds} rounds, {place})\n");
     println!("| frames | consumer | latency p50 / p99 (µs) | CPU per frame (µs) | per frame: minor faults / context switches (voluntary, involuntary) |");
     println!("|---|---|---|---|---|");
@@ -946,8 +952,12 @@ fn run_format(
         if NO_ASLR.load(std::sync::atomic::Ordering::Relaxed) {
             no_aslr(&mut c);
         }
-        c.spawn()
-            .expect("spawn consumer (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench)")
+        c.spawn().unwrap_or_else(|e| {
+            panic!(
+                "spawn consumer: {e} (for capi: GPUSHM_C_CONSUMER or c_consumer beside bench; \
+                 --no-aslr needs personality(2), which some containers forbid)"
+            )
+        })
     };
     let mut relays = Vec::new();
     let (producer, consumer) = if relays_n > 0 {

@@ -45,18 +45,25 @@ static void report(const char *what, uint64_t *v, int n)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: %s DIR [FRAMES]\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR [FRAMES [EVICT_MIB [SLEEP_US]]]\n", argv[0]);
         return 2;
     }
     int n = argc > 2 ? atoi(argv[2]) : 500;
-    size_t evict_bytes = (size_t)(argc > 3 ? atoi(argv[3]) : 16) << 20;
+    int evict_mib = argc > 3 ? atoi(argv[3]) : 16;
     long sleep_us = argc > 4 ? atol(argv[4]) : 1000;
+    if (n < 1 || evict_mib < 0 || sleep_us < 0) {
+        fprintf(stderr, "FRAMES must be 1 or more, EVICT_MIB and SLEEP_US 0 or more\n");
+        return 2;
+    }
+    size_t evict_bytes = (size_t)evict_mib << 20;
     struct timespec nap = {sleep_us / 1000000, (sleep_us % 1000000) * 1000};
     char path[4096];
     snprintf(path, sizeof path, "%s/cold.sock", argv[1]);
-    unsigned char *evict = malloc(evict_bytes + 1);
+    /* volatile: writes nobody reads are otherwise the compiler's to drop. */
+    volatile unsigned char *evict = malloc(evict_bytes + 1);
     uint64_t *cold = calloc((size_t)n, sizeof *cold), *warm = calloc((size_t)n, sizeof *warm);
     if (!evict || !cold || !warm) {
+        fprintf(stderr, "out of memory\n");
         return 1;
     }
     gpushm_publisher_options po;
@@ -112,7 +119,7 @@ int main(int argc, char **argv)
     report("c warm", warm, n);
     gpushm_subscriber_destroy(sub);
     gpushm_publisher_destroy(pub);
-    free(evict);
+    free((void *)evict);
     free(cold);
     free(warm);
     return 0;

@@ -363,14 +363,19 @@ impl<T> Table<T> {
         (self.kind << 56) | (((index as u64) + 1) << GEN_BITS) | gen
     }
 
+    /// A handle for `item`; `item` back with the error when none is left (to be dropped
+    /// after the table's lock: see [`insert`]).
     #[inline(always)]
-    fn insert(&mut self, item: Arc<T>) -> Result<u64, Fail> {
+    fn insert(&mut self, item: Arc<T>) -> Result<u64, (Fail, Arc<T>)> {
         let index = match self.free.pop() {
             Some(i) => i,
             None if self.entries.len() > MAX_INDEX => {
-                return Err(Fail(
-                    GPUSHM_ERROR_SYSTEM,
-                    "too many live handles (release and destroy what you no longer use)".into(),
+                return Err((
+                    Fail(
+                        GPUSHM_ERROR_SYSTEM,
+                        "too many live handles (release and destroy what you no longer use)".into(),
+                    ),
+                    item,
                 ))
             }
             None => {
@@ -430,6 +435,17 @@ fn bad_handle(what: &str) -> Fail {
         GPUSHM_ERROR_BAD_HANDLE,
         format!("not a live {what} handle (NULL, destroyed, or another kind)"),
     )
+}
+
+/// A handle in `table` for `item`. Refused (no handle left), `item` is dropped after the
+/// table's lock: dropping a frame or a connection may ring or close descriptors.
+#[inline(always)]
+fn insert<T>(table: &Mutex<Table<T>>, item: Arc<T>) -> Result<u64, Fail> {
+    let r = lock(table).insert(item);
+    r.map_err(|(fail, item)| {
+        drop(item);
+        fail
+    })
 }
 
 #[inline(always)]
@@ -714,7 +730,7 @@ unsafe fn open_subscriber(
             epoll,
             retry,
         };
-        let id = lock(&SUBSCRIBERS).insert(Arc::new(obj))?;
+        let id = insert(&SUBSCRIBERS, Arc::new(obj))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_subscriber) };
         Ok(GPUSHM_OK)
@@ -800,28 +816,28 @@ unsafe fn next_frame(
                         // the Frame.
                         unsafe { describe_frame(&shape, &f, info) };
                     }
-                    let mut frames = lock(&FRAMES);
-                    let obj = match frames.spare.pop() {
-                        Some(mut obj) => {
-                            // Only the table held it (spares are unique).
-                            if let Some(o) = Arc::get_mut(&mut obj) {
+                    // A frame object kept from an earlier frame, filled outside the table's
+                    // lock (it frees the shape it held, or allocates).
+                    let spare = lock(&FRAMES).spare.pop();
+                    let obj = match spare {
+                        Some(mut obj) => match Arc::get_mut(&mut obj) {
+                            // Only the table held it (a spare is unique).
+                            Some(o) => {
                                 *o.frame.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(f);
                                 o.shape = shape;
                                 obj
-                            } else {
-                                Arc::new(FrameObj {
-                                    frame: Mutex::new(Some(f)),
-                                    shape,
-                                })
                             }
-                        }
+                            None => Arc::new(FrameObj {
+                                frame: Mutex::new(Some(f)),
+                                shape,
+                            }),
+                        },
                         None => Arc::new(FrameObj {
                             frame: Mutex::new(Some(f)),
                             shape,
                         }),
                     };
-                    let id = frames.insert(obj)?;
-                    drop(frames);
+                    let id = insert(&FRAMES, obj)?;
                     // SAFETY: checked non-NULL.
                     unsafe { out.write(id as *mut gpushm_frame) };
                     return Ok(GPUSHM_OK);
@@ -1206,8 +1222,9 @@ pub unsafe extern "C" fn gpushm_frame_get_caps(
     guard(|| {
         let out = out_ptr(caps, "caps")?;
         let f = get(&FRAMES, frame as _, "frame")?;
-        // SAFETY: checked non-NULL; the string lives in the frame object, which lives until
-        // its destroy call.
+        // SAFETY: checked non-NULL; the string lives in the frame's shape, which the frame
+        // object keeps until its destroy call (a reused object takes another frame's shape
+        // only after that).
         unsafe { out.write(f.shape.caps.as_ptr()) };
         Ok(GPUSHM_OK)
     })
@@ -1449,7 +1466,7 @@ unsafe fn open_publisher(
             FramePublisher::new(&path, layout, (o.fps_n, o.fps_d), o.slots, config)?
         };
         p.set_spin(spin)?;
-        let id = lock(&PUBLISHERS).insert(Arc::new(PubObj { p }))?;
+        let id = insert(&PUBLISHERS, Arc::new(PubObj { p }))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_publisher) };
         Ok(GPUSHM_OK)
@@ -1495,7 +1512,7 @@ pub unsafe extern "C" fn gpushm_publisher_acquire(
             publisher: publisher as u64,
             info: InfoCell(info),
         };
-        let id = lock(&SLOTS).insert(Arc::new(obj))?;
+        let id = insert(&SLOTS, Arc::new(obj))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(id as *mut gpushm_slot) };
         Ok(GPUSHM_OK)

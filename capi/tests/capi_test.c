@@ -13,6 +13,9 @@
  *                                       bytes stay the same, then the producer is gone
  *   capi_test misuse SOCK               every misuse is an error code, never a crash
  *   capi_test threads SOCK              a wait ended from another thread: interrupt, destroy
+ *   capi_test race SOCK N               N frames (lossless, checked byte for byte), each looked
+ *                                       at from another thread while it is destroyed and its
+ *                                       object reused: only OK or "gone" answers
  *   capi_test reconnect SOCK            3 frames, then (the producer restarted meanwhile) 3
  *                                       more from the new producer, through reconnect
  *   capi_test cuda SOCK [device]        (GPU machine) a frame's CUDA device pointer: its bytes,
@@ -27,6 +30,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -495,6 +499,98 @@ static int threads(const char *sock)
     return failures != 0;
 }
 
+/* The frame one thread takes, looked at by another while it is destroyed and its object is
+ * reused for the next frame: every call on it answers OK or that it is gone, never anything
+ * else, an OK answer describes that handle's own frame (its offset is the producer's frame
+ * number), never the next one reusing the object; and nothing touches freed memory (this
+ * runs under AddressSanitizer too). `seq` is odd while `cur` and `index` change. */
+struct peek {
+    atomic_uint seq;
+    _Atomic(uintptr_t) cur;
+    atomic_long index;
+    atomic_int stop;
+    long ok, gone, bad;
+};
+
+static void *peeker(void *arg)
+{
+    struct peek *p = arg;
+    while (!atomic_load(&p->stop)) {
+        unsigned s1 = atomic_load(&p->seq);
+        gpushm_frame *f = (gpushm_frame *)atomic_load(&p->cur);
+        long index = atomic_load(&p->index);
+        if ((s1 & 1) || atomic_load(&p->seq) != s1 || !f) {
+            continue;
+        }
+        gpushm_frame_info info;
+        const char *caps = NULL;
+        int valid = 0;
+        gpushm_status st[3] = {gpushm_frame_get_info(f, &info), gpushm_frame_get_caps(f, &caps),
+                               gpushm_frame_is_valid(f, &valid)};
+        for (int i = 0; i < 3; i++) {
+            if (st[i] == GPUSHM_OK) {
+                p->ok++;
+            } else if (st[i] == GPUSHM_ERROR_BAD_HANDLE || st[i] == GPUSHM_ERROR_RELEASED) {
+                p->gone++;
+            } else {
+                p->bad++;
+            }
+        }
+        if (st[0] == GPUSHM_OK &&
+            (strcmp(info.format, "GRAY8") || info.width != W || info.offset != (uint64_t)index)) {
+            p->bad++;
+        }
+        if (st[1] == GPUSHM_OK && (!caps || strncmp(caps, "video/x-raw", 11))) {
+            p->bad++;
+        }
+    }
+    return NULL;
+}
+
+static int race(const char *sock, int n)
+{
+    gpushm_subscriber *s = open_sub(sock, 1);
+    struct peek p = {0};
+    pthread_t t;
+    pthread_create(&t, NULL, peeker, &p);
+    int got = 0;
+    for (; got < n && !failures; got++) {
+        gpushm_frame *f = NULL;
+        gpushm_frame_info info;
+        gpushm_status st = gpushm_subscriber_next_frame_info(s, 5000000000ll, &f, &info);
+        CHECK(st == GPUSHM_OK, "frame %d: %d %s", got, st, gpushm_last_error());
+        if (st != GPUSHM_OK) {
+            break;
+        }
+        /* Byte for byte the producer's frame number `got` (lossless, in order). */
+        int same = 1;
+        for (uint32_t y = 0; y < info.planes[0].rows && same; y++) {
+            const uint8_t *row = info.planes[0].data + (size_t)y * info.planes[0].stride;
+            for (uint32_t x = 0; x < info.planes[0].row_bytes; x++) {
+                same &= row[x] == pattern((uint64_t)got, x, y);
+            }
+        }
+        CHECK(same && info.offset == (uint64_t)got, "frame %d: not the producer's frame", got);
+        atomic_fetch_add(&p.seq, 1);
+        atomic_store(&p.cur, (uintptr_t)f);
+        atomic_store(&p.index, (long)got);
+        atomic_fetch_add(&p.seq, 1);
+        for (volatile int spin = 0; spin < 2000; spin++) {
+        }
+        CHECK(gpushm_frame_destroy(f) == GPUSHM_OK, "destroy %d", got);
+    }
+    atomic_store(&p.stop, 1);
+    pthread_join(t, NULL);
+    gpushm_subscriber_destroy(s);
+    CHECK(p.bad == 0, "%ld unexpected answers", p.bad);
+    CHECK(p.ok > 0, "the other thread never saw a frame");
+    if (!failures) {
+        printf("OK race: %d frames, the other thread's calls: %ld answered, %ld gone\n", got, p.ok,
+               p.gone);
+    }
+    return failures != 0;
+}
+
 static int reconnect(const char *sock)
 {
     gpushm_subscriber_options o;
@@ -610,6 +706,9 @@ int main(int argc, char **argv)
     }
     if (argc >= 3 && !strcmp(argv[1], "misuse")) {
         return misuse(argv[2]);
+    }
+    if (argc >= 4 && !strcmp(argv[1], "race")) {
+        return race(argv[2], atoi(argv[3]));
     }
     if (argc >= 3 && !strcmp(argv[1], "threads")) {
         return threads(argv[2]);

@@ -131,6 +131,12 @@ grep -q "^OK timeout" "$work/out.log" || fail "timeout"
 "$work/capi_test" threads "$sock" | tee "$work/out.log"
 grep -q "^OK threads" "$work/out.log" || fail "threads"
 
+# 3a. A frame looked at from another thread while it is destroyed and its object reused.
+sock=$work/race.sock; rm -f "$sock"
+c_producer "$sock" 3000 eos
+"$work/capi_test" race "$sock" 3000 | tee "$work/out.log"
+grep -q "^OK race" "$work/out.log" || fail "race"
+
 # 3b. Reconnect: the producer is killed and another starts at the same path.
 sock=$work/again.sock; rm -f "$sock"
 c_producer "$sock" 3 hold

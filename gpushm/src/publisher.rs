@@ -107,7 +107,8 @@ pub enum Published {
 /// lock and reads every client's release queue (lines its consumer writes), so not much more
 /// often than this; timed, not counted in spin-loop hints, as one hint takes from 10 to 140
 /// cycles depending on the CPU (100 of them, the count before, took 1.4 µs on the Intel VM and
-/// 2.1 µs on the H100 machine).
+/// 2.1 µs on the H100 machine). The clock is read every 4 hints: a gap may run over by that
+/// much (up to about 250 ns where a hint is 140 cycles).
 const LOOK_EVERY: Duration = Duration::from_nanos(300);
 
 /// How publish() treats clients that fall behind.
