@@ -389,7 +389,7 @@ fn cold(args: &[String]) -> Result<(), String> {
         ..Default::default()
     };
     let mut sub = gpushm::client::Subscriber::connect(&path, opts).map_err(|e| e.to_string())?;
-    let mut evict = vec![0u8; (evict_mib << 20) + 1];
+    let mut evict = vec![0u8; evict_mib << 20];
     let second = Some(Duration::from_secs(1));
     for (pass, what) in ["rust cold", "rust warm"].into_iter().enumerate() {
         let mut v = Vec::with_capacity(n);
@@ -401,7 +401,7 @@ fn cold(args: &[String]) -> Result<(), String> {
             p.publish(lease, None).map_err(|e| e.to_string())?;
             if pass == 0 {
                 std::thread::sleep(nap);
-                for o in (0..evict.len() - 1).step_by(64) {
+                for o in (0..evict.len()).step_by(64) {
                     evict[o] = (o + i) as u8;
                 }
                 std::hint::black_box(&evict);
