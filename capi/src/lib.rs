@@ -818,14 +818,20 @@ unsafe fn next_frame(
                     }
                     // A frame object kept from an earlier frame, filled outside the table's
                     // lock (it frees the shape it held, or allocates).
-                    let mut spare = lock(&FRAMES).spare.pop();
-                    // Only the table held it (a spare is unique).
-                    let obj = match spare.as_mut().and_then(Arc::get_mut) {
-                        Some(o) => {
-                            *o.frame.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(f);
-                            o.shape = shape;
-                            spare.expect("reused above")
-                        }
+                    let spare = lock(&FRAMES).spare.pop();
+                    let obj = match spare {
+                        Some(mut obj) => match Arc::get_mut(&mut obj) {
+                            // Only the table held it (a spare is unique).
+                            Some(o) => {
+                                *o.frame.get_mut().unwrap_or_else(|e| e.into_inner()) = Some(f);
+                                o.shape = shape;
+                                obj
+                            }
+                            None => Arc::new(FrameObj {
+                                frame: Mutex::new(Some(f)),
+                                shape,
+                            }),
+                        },
                         None => Arc::new(FrameObj {
                             frame: Mutex::new(Some(f)),
                             shape,
