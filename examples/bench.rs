@@ -25,7 +25,9 @@
 //! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
 //! gpushm in low-latency mode (gpushmsrc spin-us) and shm, with medians, CPU share of each
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
-//! producer and the consumer, end to end; built with `--features stages`, a diagnostic build
+//! producer and the consumer, end to end; `--cpu-latency-us N` adds gpushm in low-latency mode
+//! with gpushmsink and gpushmsrc asking the kernel to keep the CPUs in idle states that wake
+//! within N µs (their `cpu-latency-us`); built with `--features stages`, a diagnostic build
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
 //! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
@@ -224,8 +226,9 @@ fn produce(args: &[String]) -> Result<(), String> {
     // GPUSHM_BENCH_SINK_PROPS: more gpushmsink properties (`slots=32`), to try a setting.
     let sink = match transport.as_str() {
         "gpushm" => format!(
-            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={} {}",
+            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={}{} {}",
             std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into()),
+            cpu_latency_prop(),
             std::env::var("GPUSHM_BENCH_SINK_PROPS").unwrap_or_default()
         ),
         // shmsink's allocator pads each buffer: tiny frames need more than 12 frames' bytes.
@@ -543,7 +546,7 @@ fn consume(args: &[String]) -> Result<(), String> {
         ""
     };
     let src = match transport.as_str() {
-        "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false spin-us={}", spin_us()),
+        "gpushm" => format!("gpushmsrc name=src socket-path={socket} lossless=true reconnect=false spin-us={}{}", spin_us(), cpu_latency_prop()),
         "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format={format},width={w},height={h},framerate=30/1"),
         _ => format!("unixfdsrc name=src socket-path={socket}"),
     };
@@ -1034,6 +1037,15 @@ fn spin_us() -> u64 {
         .unwrap_or(0)
 }
 
+/// gpushmsink's and gpushmsrc's `cpu-latency-us` (`GPUSHM_BENCH_CPU_LATENCY_US`; unset: not
+/// set), as a property to append to their launch lines.
+fn cpu_latency_prop() -> String {
+    std::env::var("GPUSHM_BENCH_CPU_LATENCY_US")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .map_or(String::new(), |us| format!(" cpu-latency-us={us}"))
+}
+
 /// Relays (`gpushmsrc ! gpushmsink` processes) between a gpushm producer and its consumer
 /// (`GPUSHM_BENCH_CHAIN`; 0: none).
 fn chain_len() -> u64 {
@@ -1049,9 +1061,10 @@ fn relay(args: &[String]) -> Result<(), String> {
     let from = arg(args, "--in").unwrap_or_default();
     let to = arg(args, "--out").unwrap_or_default();
     let launch = format!(
-        "gpushmsrc name=src socket-path={from} lossless=true reconnect=false spin-us={} \
-         ! gpushmsink name=sink socket-path={to} wait-for-connection=true sync=false",
-        spin_us()
+        "gpushmsrc name=src socket-path={from} lossless=true reconnect=false spin-us={}{cl} \
+         ! gpushmsink name=sink socket-path={to} wait-for-connection=true sync=false{cl}",
+        spin_us(),
+        cl = cpu_latency_prop()
     );
     let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
     let bin = pipeline
@@ -1390,7 +1403,14 @@ fn orchestrate(plot_path: &str) {
 /// goes first alternating from round to round; with more than one round it prints the
 /// medians and in how many rounds gpushm's p50 was the lower, because single runs on these
 /// machines differ by 5-15 µs.
-fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: u64) {
+fn latency_only(
+    sizes: &[(u64, u64)],
+    frames: u64,
+    runs: u64,
+    spin: u64,
+    chain: u64,
+    cpu_latency: Option<u32>,
+) {
     let median = |v: &[f64]| -> f64 {
         let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
         v.sort_by(f64::total_cmp);
@@ -1400,19 +1420,29 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: 
             n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         }
     };
-    // (label, transport, spin-us, relays)
-    let mut modes: Vec<(String, &str, u64, u64)> = vec![
-        ("gpushm".into(), "gpushm", 0, 0),
-        (format!("gpushm spin-us={spin}"), "gpushm", spin, 0),
-        ("shm".into(), "shm", 0, 0),
+    // (label, transport, spin-us, relays, cpu-latency-us)
+    let mut modes: Vec<(String, &str, u64, u64, Option<u32>)> = vec![
+        ("gpushm".into(), "gpushm", 0, 0, None),
+        (format!("gpushm spin-us={spin}"), "gpushm", spin, 0, None),
+        ("shm".into(), "shm", 0, 0, None),
     ];
+    if let Some(us) = cpu_latency {
+        modes.push((
+            format!("gpushm spin-us={spin} cpu-latency-us={us}"),
+            "gpushm",
+            spin,
+            0,
+            Some(us),
+        ));
+    }
     if chain > 0 {
-        modes.push((format!("gpushm, {chain} relays"), "gpushm", 0, chain));
+        modes.push((format!("gpushm, {chain} relays"), "gpushm", 0, chain, None));
         modes.push((
             format!("gpushm spin-us={spin}, {chain} relays"),
             "gpushm",
             spin,
             chain,
+            None,
         ));
     }
     let mut summary = Vec::new();
@@ -1440,12 +1470,16 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: 
                 (0..n).rev().collect()
             };
             for i in order {
-                let (label, t, spin, relays) = &modes[i];
+                let (label, t, spin, relays, cpu_latency) = &modes[i];
                 std::env::set_var("GPUSHM_BENCH_SPIN_US", spin.to_string());
                 std::env::set_var("GPUSHM_BENCH_CHAIN", relays.to_string());
+                if let Some(us) = cpu_latency {
+                    std::env::set_var("GPUSHM_BENCH_CPU_LATENCY_US", us.to_string());
+                }
                 let lat = run(t, w, h, frames, 30, false, false);
                 std::env::remove_var("GPUSHM_BENCH_SPIN_US");
                 std::env::remove_var("GPUSHM_BENCH_CHAIN");
+                std::env::remove_var("GPUSHM_BENCH_CPU_LATENCY_US");
                 let c = &lat.consumer;
                 // CPU time per frame times the frame rate: the share of a core.
                 let share = |m: &Option<Fields>| f(m, "cpu_us_per_frame") * 30.0 / 1e4;
@@ -1477,7 +1511,7 @@ fn latency_only(sizes: &[(u64, u64)], frames: u64, runs: u64, spin: u64, chain: 
             }
         }
         let fl = median(&floors);
-        for (i, (label, t, _, relays)) in modes.iter().enumerate() {
+        for (i, (label, t, _, relays, _)) in modes.iter().enumerate() {
             let m = median(&p50[i]);
             summary.push(format!(
                 "| {w}x{h} | {label} | {fl:.1} | {m:.1} | {:.1} | {:+.1} | {} | {:.2} / {} / {:.2} |",
@@ -1956,6 +1990,7 @@ fn main() {
                 num(&args, "--runs", 1).max(1),
                 num(&args, "--spin-us", 300),
                 num(&args, "--chain", 0),
+                arg(&args, "--cpu-latency-us").and_then(|v| v.parse().ok()),
             );
             Ok(())
         }

@@ -19,6 +19,7 @@ pub(crate) static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
 });
 
 pub mod clock;
+mod cpu_latency;
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;

@@ -13,6 +13,7 @@ use common::*;
 mod fake_producer;
 use fake_producer::*;
 
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 /// 30 frames at 30 fps, 10 at 5 fps, 3 s of nothing, 60 at 60 fps, then EOS.
@@ -541,4 +542,144 @@ fn gpushmsrc_spin_us_survives_a_syncing_sink_and_a_pause() {
     // The frames that came while paused are the only ones a live pipeline may drop.
     assert!(num(&f, "frames") >= 90.0, "{out:?}");
     assert!(num(&f, "spin_caught") >= 10.0, "{out:?}");
+}
+
+/// What the kernel keeps the CPUs' wake-up latency to now, µs (needs root).
+fn cpu_latency_now() -> u32 {
+    gpushm::cpu_latency::CpuLatency::current().expect("reading /dev/cpu_dma_latency")
+}
+
+/// Waits until the kernel's CPU latency reads `want`, or says what it read.
+fn wait_cpu_latency(want: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = cpu_latency_now();
+        if now == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the CPU latency reads {now} µs, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// cpu-latency-us on gpushmsink (41) and gpushmsrc (23), each in its own process: the kernel
+/// keeps the CPUs to the smallest asked while the elements run, to the producer's alone once
+/// the consumer is gone, and to the system's own once the producer is killed (kill -9: the
+/// kernel drops a dead process's request); every frame arrives intact meanwhile. Reading
+/// /dev/cpu_dma_latency needs root.
+#[test]
+fn second_user_cpu_latency_us_is_held_while_the_elements_run() {
+    init();
+    let _s = serial();
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "reading /dev/cpu_dma_latency needs root; skip this test with --skip second_user"
+    );
+    let before = cpu_latency_now();
+    // Values nobody else on this machine is likely to hold, below the default (2000 s).
+    assert!(
+        before > 41,
+        "another process holds the CPU latency at {before} µs"
+    );
+    let dir = tmpdir();
+    let sock = dir.path().join("cpulat.sock");
+    let mut p = producer_with(
+        &sock,
+        &[
+            "--fps",
+            "30",
+            "--frames",
+            "100000",
+            "--sink-prop",
+            "cpu-latency-us=41",
+        ],
+    );
+    wait_cpu_latency(41, "gpushmsink cpu-latency-us=41");
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--frames",
+        "60",
+        "--src-props",
+        "cpu-latency-us=23 spin-us=500",
+    ]);
+    let checker = Proc::spawn(c, "frame_checker");
+    wait_cpu_latency(23, "gpushmsrc cpu-latency-us=23 beside gpushmsink's 41");
+    let (status, out) = checker.finish(Duration::from_secs(30));
+    assert!(status.success(), "checker: {out:?}");
+    let f = fields(&out, "SUMMARY ");
+    assert_eq!(num(&f, "frames"), 60.0, "{out:?}");
+    for k in ["bad", "gaps", "pts_errors", "dropped"] {
+        assert_eq!(num(&f, k), 0.0, "{k}: {out:?}");
+    }
+    wait_cpu_latency(41, "the consumer gone, the producer still running");
+    p.kill9();
+    let _ = p.finish(Duration::from_secs(20));
+    wait_cpu_latency(before, "both gone, the producer killed");
+}
+
+/// A user without access to /dev/cpu_dma_latency (nobody) asking for cpu-latency-us: a
+/// warning that says what it needs, and the stream goes on (gpushmsink and gpushmsrc, each
+/// in a process of its own).
+#[test]
+fn second_user_cpu_latency_us_refused_warns_and_streams() {
+    init();
+    let _s = serial();
+    let home = tmpdir();
+    std::fs::set_permissions(home.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let sock = home.path().join("cpulat-nobody.sock");
+    let mut p = example("pattern_producer");
+    p.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--format",
+        "GRAY8",
+        "--width",
+        "64",
+        "--height",
+        "48",
+        "--wait",
+        "--fps",
+        "30",
+        "--frames",
+        "30",
+        "--sink-prop",
+        "cpu-latency-us=0",
+    ]);
+    as_nobody(&mut p, home.path());
+    let p = Proc::spawn(p, "nobody's producer");
+    wait_for_path(&sock, Duration::from_secs(20));
+    let mut c = example("frame_checker");
+    c.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--verify",
+        "--lossless",
+        "--expect",
+        "30",
+        "--src-props",
+        "cpu-latency-us=0",
+    ]);
+    as_nobody(&mut c, home.path());
+    let (status, out) = Proc::spawn(c, "nobody's consumer").finish(Duration::from_secs(30));
+    let (ps, pout) = p.finish(Duration::from_secs(20));
+    assert!(status.success(), "checker: {out:?}");
+    assert!(ps.success(), "producer: {pout:?}");
+    assert_every_frame(&out, 30);
+    for (who, lines) in [("gpushmsink", &pout), ("gpushmsrc", &out)] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("cpu-latency-us=0 is not applied")
+                    && l.contains("/dev/cpu_dma_latency")
+                    && l.contains("udev rule")),
+            "{who}: no warning that says what cpu-latency-us needs: {lines:?}"
+        );
+    }
 }

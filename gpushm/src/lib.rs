@@ -10,6 +10,7 @@
 //! - [`format`]: raw video formats, plane geometry and caps strings, for apps.
 //! - [`time`]: the one mapping of a producer's timestamps into a consumer's running time.
 //! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
+//! - [`cpu_latency`]: keeping the CPUs out of deep idle states for a low-latency stream.
 //! - [`publisher`]: the producer's socket, clients and the policy that decides which client
 //!   gets which frame (budgets, lossless and leaky, lagging clients, max-clients).
 //!
@@ -18,6 +19,7 @@
 mod cadence;
 pub mod client;
 pub mod consumer;
+pub mod cpu_latency;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod format;

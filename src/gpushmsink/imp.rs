@@ -89,6 +89,7 @@ struct Settings {
     allow_writable_ring: bool,
     max_buffer_size: u32,
     spin_us: u32,
+    cpu_latency_us: i32,
 }
 
 impl Default for Settings {
@@ -108,6 +109,7 @@ impl Default for Settings {
             allow_writable_ring: DEFAULT_ALLOW_WRITABLE_RING,
             max_buffer_size: DEFAULT_MAX_BUFFER_SIZE,
             spin_us: 0,
+            cpu_latency_us: crate::cpu_latency::DEFAULT,
         }
     }
 }
@@ -131,6 +133,8 @@ enum State {
         live: Option<bool>,
         /// What render() needs for each frame of `caps`, found once per ring.
         frames: Option<Arc<FramePath>>,
+        /// cpu-latency-us, held until stop.
+        _cpu_latency: Option<gpushm::cpu_latency::CpuLatency>,
     },
 }
 
@@ -571,6 +575,7 @@ impl GpuShmSink {
             cuda_on_request,
             live,
             frames,
+            ..
         } = &mut *state
         else {
             return Err(gst::loggable_error!(CAT, "Not started"));
@@ -1265,6 +1270,7 @@ impl ObjectImpl for GpuShmSink {
                     .default_value(0)
                     .mutable_playing()
                     .build(),
+                crate::cpu_latency::param_spec(),
                 glib::ParamSpecUInt::builder("client-budget")
                     .nick("Client budget")
                     .blurb("Slots one consumer may reference at once (0 = half the slots). gpushmsrc keeps fewer than this zero-copy and copies further frames into system memory (counted as frames-copied), so downstream elements that keep frames (encoders, queues, sinks keeping their last buffer) never stall the stream. The other consumers always keep slots to run on")
@@ -1342,6 +1348,7 @@ impl ObjectImpl for GpuShmSink {
             "max-wait" => s.max_wait = value.get().expect("type checked"),
             "client-budget" => s.client_budget = value.get().expect("type checked"),
             "spin-us" => s.spin_us = value.get().expect("type checked"),
+            "cpu-latency-us" => s.cpu_latency_us = value.get().expect("type checked"),
             "max-clients" => s.max_clients = value.get().expect("type checked"),
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
             "max-buffer-size" => s.max_buffer_size = value.get().expect("type checked"),
@@ -1374,6 +1381,7 @@ impl ObjectImpl for GpuShmSink {
             "max-wait" => self.settings().max_wait.to_value(),
             "client-budget" => self.settings().client_budget.to_value(),
             "spin-us" => self.settings().spin_us.to_value(),
+            "cpu-latency-us" => self.settings().cpu_latency_us.to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
             "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
             "max-buffer-size" => self.settings().max_buffer_size.to_value(),
@@ -1592,6 +1600,7 @@ impl BaseSinkImpl for GpuShmSink {
             pool: None,
             live: None,
             frames: None,
+            _cpu_latency: crate::cpu_latency::hold(&*self.obj(), s.cpu_latency_us),
         };
         Ok(())
     }

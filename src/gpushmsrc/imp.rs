@@ -110,6 +110,7 @@ struct Settings {
     max_size_time: u64,
     producer_uid: i64,
     spin_us: u32,
+    cpu_latency_us: i32,
 }
 
 impl Default for Settings {
@@ -128,6 +129,7 @@ impl Default for Settings {
             max_size_time: DEFAULT_MAX_SIZE_TIME,
             producer_uid: DEFAULT_PRODUCER_UID,
             spin_us: 0,
+            cpu_latency_us: crate::cpu_latency::DEFAULT,
         }
     }
 }
@@ -160,6 +162,8 @@ struct Started {
     cuda: Option<Arc<crate::cuda::Device>>,
     /// Downstream asked for GpuShmCudaMeta (auto): the device was looked for.
     cuda_asked: bool,
+    /// cpu-latency-us, held until stop.
+    _cpu_latency: Option<crate::ring::cpu_latency::CpuLatency>,
 }
 
 pub struct GpuShmSrc {
@@ -782,6 +786,7 @@ impl ObjectImpl for GpuShmSrc {
                     .default_value(0)
                     .mutable_ready()
                     .build(),
+                crate::cpu_latency::param_spec(),
                 glib::ParamSpecUInt64::builder("frames-dropped")
                     .nick("Frames dropped")
                     .blurb("Frames this consumer did not get: taken back by the producer because it fell behind (leaky), skipped while it was lagging (lossless, past max-wait), or dropped from its own queue past max-size-* (leaky)")
@@ -845,6 +850,7 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-time" => s.max_size_time = value.get().expect("type checked"),
             "producer-uid" => s.producer_uid = value.get().expect("type checked"),
             "spin-us" => s.spin_us = value.get().expect("type checked"),
+            "cpu-latency-us" => s.cpu_latency_us = value.get().expect("type checked"),
             _ => unimplemented!(),
         }
     }
@@ -870,6 +876,7 @@ impl ObjectImpl for GpuShmSrc {
             "max-size-time" => self.settings().max_size_time.to_value(),
             "producer-uid" => self.settings().producer_uid.to_value(),
             "spin-us" => self.settings().spin_us.to_value(),
+            "cpu-latency-us" => self.settings().cpu_latency_us.to_value(),
             "frames-dropped" => self.shared().map_or(0u64, |s| s.dropped()).to_value(),
             "spin-caught" => self
                 .shared()
@@ -1029,6 +1036,7 @@ impl BaseSrcImpl for GpuShmSrc {
             latency_changed: false,
             cuda,
             cuda_asked: false,
+            _cpu_latency: crate::cpu_latency::hold(&*self.obj(), s.cpu_latency_us),
         });
         Ok(())
     }

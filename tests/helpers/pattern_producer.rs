@@ -18,7 +18,7 @@
 //! repeatable).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..
-//! spin-caught=.. spin-missed=..` at the end.
+//! spin-caught=.. spin-missed=..` at the end, and `WARNING ...` for each warning on the bus.
 
 use gst::prelude::*;
 
@@ -260,6 +260,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 result = Err(format!("{}: {}", e.error(), e.debug().unwrap_or_default()).into());
                 break;
             }
+            gst::MessageView::Warning(w) => println!("WARNING {}", w.error()),
             _ => {}
         }
     }
