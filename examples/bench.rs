@@ -27,7 +27,8 @@
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
 //! producer and the consumer, end to end; `--cpu-latency-us N` adds gpushm in low-latency mode
 //! with gpushmsink and gpushmsrc asking the kernel to keep the CPUs in idle states that wake
-//! within N µs (their `cpu-latency-us`); built with `--features stages`, a diagnostic build
+//! within N µs (their `cpu-latency-us`); `--pin`: producer and consumer each on a CPU of its
+//! own (the last two); built with `--features stages`, a diagnostic build
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
 //! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
@@ -1980,6 +1981,9 @@ fn main() {
             Ok(())
         }
         Some("latency") => {
+            if args.iter().any(|a| a == "--pin") {
+                *PIN.lock().unwrap() = two_cpus();
+            }
             let sizes = match (arg(&args, "--width"), arg(&args, "--height")) {
                 (None, None) => vec![(1280, 720), (1920, 1080), (3840, 2160)],
                 _ => vec![(num(&args, "--width", 1280), num(&args, "--height", 720))],
