@@ -25,6 +25,10 @@
 // Planes described at most.
 #define GPUSHM_MAX_PLANES 4
 
+// A held request that keeps the CPUs out of deep idle states
+// (`gpushm_cpu_latency_request`).
+typedef struct gpushm_cpu_latency gpushm_cpu_latency;
+
 // A frame received: its slot is never reused by the producer until `gpushm_frame_release` (or
 // `gpushm_frame_destroy`), even after its subscriber is destroyed or its producer dies, with
 // one exception: a producer that must go on cuts a consumer that held every slot of its ring
@@ -335,6 +339,20 @@ gpushm_status gpushm_publisher_num_clients(gpushm_publisher *publisher, uint32_t
 // Stops serving (the socket file goes) and frees the publisher. Frames consumers hold stay
 // valid for them; slots it lent and not published are given back.
 gpushm_status gpushm_publisher_destroy(gpushm_publisher *publisher);
+
+// Keeps this machine's CPUs in idle states that wake within `us` microseconds (0: the
+// shallowest) until `gpushm_cpu_latency_release`: the kernel's CPU latency QoS
+// (/dev/cpu_dma_latency), the companion of `spin_us` for the lowest latency. A core that
+// slept in a deep idle state wakes with cold caches, and a frame's way after it costs tens
+// of µs more on each side. Costs power on every CPU, no CPU time; the kernel drops the
+// request when the process ends, however it ends. Needs write access to
+// /dev/cpu_dma_latency (root, or a udev rule): GPUSHM_ERROR_SYSTEM otherwise, with
+// `gpushm_last_error` saying so. Changes nothing where the kernel has no cpuidle driver
+// (some VMs). `us` at most 1000000.
+gpushm_status gpushm_cpu_latency_request(uint32_t us, gpushm_cpu_latency **out);
+
+// Withdraws the request and frees it.
+gpushm_status gpushm_cpu_latency_release(gpushm_cpu_latency *request);
 
 // The calling thread's message for the last call that did not return GPUSHM_OK (empty after
 // one that did). Valid until this thread's next gpushm call.

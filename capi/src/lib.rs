@@ -28,6 +28,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 
+use gpushm_core::cpu_latency::CpuLatency;
 use gpushm_core::names::Endpoint;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -97,6 +98,12 @@ pub struct gpushm_frame {
 
 /// A publisher: serves frames at a socket path to any number of subscribers and gpushmsrc.
 pub struct gpushm_publisher {
+    _opaque: [u8; 0],
+}
+
+/// A held request that keeps the CPUs out of deep idle states
+/// (`gpushm_cpu_latency_request`).
+pub struct gpushm_cpu_latency {
     _opaque: [u8; 0],
 }
 
@@ -326,6 +333,7 @@ const KIND_SUBSCRIBER: u64 = 1;
 const KIND_FRAME: u64 = 2;
 const KIND_PUBLISHER: u64 = 3;
 const KIND_SLOT: u64 = 4;
+const KIND_CPU_LATENCY: u64 = 5;
 const GEN_BITS: u32 = 32;
 /// Handles alive at once, per kind, at most (the id's index field).
 const MAX_INDEX: usize = (1 << 24) - 2;
@@ -427,6 +435,7 @@ static SUBSCRIBERS: Mutex<Table<SubObj>> = Mutex::new(Table::new(KIND_SUBSCRIBER
 static FRAMES: Mutex<Table<FrameObj>> = Mutex::new(Table::new(KIND_FRAME));
 static PUBLISHERS: Mutex<Table<PubObj>> = Mutex::new(Table::new(KIND_PUBLISHER));
 static SLOTS: Mutex<Table<SlotObj>> = Mutex::new(Table::new(KIND_SLOT));
+static CPU_LATENCIES: Mutex<Table<CpuLatency>> = Mutex::new(Table::new(KIND_CPU_LATENCY));
 
 #[cold]
 #[inline(never)]
@@ -1633,6 +1642,48 @@ pub unsafe extern "C" fn gpushm_publisher_destroy(
             .remove(publisher as u64)
             .ok_or_else(|| bad_handle("publisher"))?;
         drop(p);
+        Ok(GPUSHM_OK)
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// Keeping the CPUs awake.
+
+/// Keeps this machine's CPUs in idle states that wake within `us` microseconds (0: the
+/// shallowest) until `gpushm_cpu_latency_release`: the kernel's CPU latency QoS
+/// (/dev/cpu_dma_latency), the companion of `spin_us` for the lowest latency. A core that
+/// slept in a deep idle state wakes with cold caches, and a frame's way after it costs tens
+/// of µs more on each side. Costs power on every CPU, no CPU time; the kernel drops the
+/// request when the process ends, however it ends. Needs write access to
+/// /dev/cpu_dma_latency (root, or a udev rule): GPUSHM_ERROR_SYSTEM otherwise, with
+/// `gpushm_last_error` saying so. Changes nothing where the kernel has no cpuidle driver
+/// (some VMs). `us` at most 1000000.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_cpu_latency_request(
+    us: u32,
+    out: *mut *mut gpushm_cpu_latency,
+) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(out, "out")?;
+        let held = CpuLatency::request(us)?;
+        let h = insert(&CPU_LATENCIES, Arc::new(held))?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(h as *mut gpushm_cpu_latency) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// Withdraws the request and frees it.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_cpu_latency_release(
+    request: *mut gpushm_cpu_latency,
+) -> gpushm_status {
+    guard(|| {
+        let r = lock(&CPU_LATENCIES)
+            .remove(request as u64)
+            .ok_or_else(|| bad_handle("cpu latency request"))?;
+        // Its descriptor closes after the table's lock.
+        drop(r);
         Ok(GPUSHM_OK)
     })
 }

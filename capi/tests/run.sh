@@ -167,6 +167,16 @@ gst_producer "$sock" videotestsrc is-live=true ! "video/x-raw,format=GRAY8,width
 "$work/capi_test" misuse "$sock" | tee "$work/out.log"
 grep -q "^OK misuse" "$work/out.log" || fail "misuse"
 
+# 5a. Keeping the CPUs awake: held and released as root; refused for another user (nobody),
+# saying what it needs.
+"$work/capi_test" cpulat | tee "$work/out.log"
+grep -q "^OK cpulat" "$work/out.log" || fail "cpulat"
+if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
+  chmod 755 "$work"
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$work/capi_test" cpulat | tee "$work/out.log"
+  grep -q "^OK cpulat (refused)" "$work/out.log" || fail "cpulat as nobody"
+fi
+
 # 6. The examples: per-plane sums, a PNG through cv::Mat, the C producer example.
 sock=$work/ex.sock; rm -f "$sock"
 gst_producer "$sock" videotestsrc num-buffers=5 pattern=white ! "video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1"

@@ -24,6 +24,7 @@ No GStreamer or PyGObject is loaded; NumPy is the only dependency.
 """
 
 from ._gpushm import (
+    CpuLatency,
     EndOfStream,
     Error,
     Frame,
@@ -40,6 +41,7 @@ from ._gpushm import (
 )
 
 __all__ = [
+    "CpuLatency",
     "EndOfStream",
     "Error",
     "Frame",

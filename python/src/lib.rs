@@ -8,11 +8,12 @@
 //! needs no NumPy headers and works with the stable ABI (abi3, CPython ≥ 3.9).
 //!
 //! One module per class: `subscriber` (Subscriber), `frame` (Frame), `view` (FrameView),
-//! `publisher` (Publisher, Slot); `streams` (streams(), inspect()); `errors` (exception classes), `dlpack` and `cuda` (export
+//! `publisher` (Publisher, Slot); `cpu_latency` (CpuLatency); `streams` (streams(), inspect()); `errors` (exception classes), `dlpack` and `cuda` (export
 //! and ring registration).
 
 use pyo3::prelude::*;
 
+mod cpu_latency;
 mod cuda;
 mod dlpack;
 mod errors;
@@ -38,6 +39,7 @@ fn _gpushm(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<view::View>()?;
     m.add_class::<publisher::Publisher>()?;
     m.add_class::<publisher::Slot>()?;
+    m.add_class::<cpu_latency::CpuLatency>()?;
     m.add_function(wrap_pyfunction!(cuda_registrations, m)?)?;
     m.add_function(wrap_pyfunction!(streams::streams, m)?)?;
     m.add_function(wrap_pyfunction!(streams::inspect, m)?)?;

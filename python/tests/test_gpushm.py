@@ -405,3 +405,26 @@ def test_streams_and_python_m_gpushm_list_what_is_published(tmp_path, monkeypatc
         assert "'reader'" in out.stdout and "4 slots" in out.stdout
     with pytest.raises(gpushm.Error):
         gpushm.inspect("listed")
+
+
+def test_cpu_latency_holds_until_closed_or_says_what_it_needs():
+    """gpushm.CpuLatency: as root the kernel keeps the CPUs to it (read back) until it is
+    closed; anyone else gets a PermissionError that says what access it needs."""
+    with pytest.raises(ValueError, match="largest"):
+        gpushm.CpuLatency(1_000_001)
+    if os.geteuid() != 0:
+        with pytest.raises(PermissionError, match="udev rule"):
+            gpushm.CpuLatency(0)
+        return
+    before = gpushm.CpuLatency.current()
+    with gpushm.CpuLatency(31) as r:
+        assert r.held and r.us == 31
+        assert gpushm.CpuLatency.current() == min(before, 31)
+        inner = gpushm.CpuLatency(13)
+        assert gpushm.CpuLatency.current() == min(before, 13)
+        inner.close()
+        inner.close()
+        assert not inner.held
+        assert gpushm.CpuLatency.current() == min(before, 31)
+    assert not r.held and "closed" in repr(r)
+    assert gpushm.CpuLatency.current() == before
