@@ -1496,13 +1496,24 @@ fn latency_only(
                 } else {
                     String::new()
                 };
+                // How the low-latency mode fared: a frame that came outside the poll's window
+                // waited for a wake-up (the p99 of a round is its 2nd-worst frame of 150).
+                let polls = if *spin > 0 {
+                    format!(
+                        "; polls caught {:.0}, missed {:.0}",
+                        f(c, "spin_caught"),
+                        f(c, "spin_missed")
+                    )
+                } else {
+                    String::new()
+                };
                 let relays_cpu = if *relays > 0 {
                     format!(", relays {relay_cpu:.2} %")
                 } else {
                     String::new()
                 };
                 println!(
-                    "  {label}: p50 {:.1} µs (floor +{:.1}{stamp}), p99 {:.1} µs; CPU of a core: producer {:.2} %{relays_cpu}, consumer {:.2} %",
+                    "  {label}: p50 {:.1} µs (floor +{:.1}{stamp}), p99 {:.1} µs{polls}; CPU of a core: producer {:.2} %{relays_cpu}, consumer {:.2} %",
                     f(c, "p50_us"),
                     f(c, "p50_us") - f(&fl, "p50_us"),
                     f(c, "p99_us"),
