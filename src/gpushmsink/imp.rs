@@ -19,6 +19,11 @@
  * nothing is ever left in /dev/shm, even after kill -9. A consumer that goes away gives back
  * every slot it held at once; slow consumers are leaky unless they ask to be lossless.
  *
+ * For the lowest latency, a live source goes with `sync=false` (buffers then go straight to
+ * the ring, around GstBaseSink's chain function), and `cpu-latency-us=0` keeps the CPUs out
+ * of the deep idle states after which a frame's way runs on cold caches (the kernel's CPU
+ * latency QoS; needs write access to /dev/cpu_dma_latency).
+ *
  * ## Example launch line
  * |[
  * gst-launch-1.0 videotestsrc is-live=true ! video/x-raw,format=NV12,width=1920,height=1080 ! gpushmsink socket-path=/tmp/cam

@@ -28,6 +28,9 @@
  * the ring for at most `spin-us` µs a frame before going back to sleep on its wake-up
  * descriptor. A frame earlier or later than expected wakes it as without the mode; a paused
  * or stopped producer costs one budget, then nothing.
+ * `cpu-latency-us=0` also keeps the CPUs out of deep idle states while the source runs (the
+ * kernel's CPU latency QoS, /dev/cpu_dma_latency): after a deep sleep a core runs the frame's
+ * way on cold caches.
  *
  * Caps come from the producer: no caps are needed on the command line, and the source
  * renegotiates when the producer's caps change. Timestamps are the producer's, mapped onto
