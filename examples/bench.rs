@@ -1116,7 +1116,8 @@ fn relay(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// CPUs that `bench capi` pins its producer and consumer to (none: the scheduler places them).
+/// CPUs that `bench capi` and `bench latency --pin` pin the producer and consumer to (none: the
+/// scheduler places them).
 static PIN: Mutex<Option<(usize, usize)>> = Mutex::new(None);
 
 /// `bench capi --no-aslr`: consumers start with address-space randomisation off, each at the
@@ -1995,6 +1996,28 @@ fn main() {
             if args.iter().any(|a| a == "--pin") {
                 *PIN.lock().unwrap() = two_cpus();
             }
+            // A mode that did not get its request would be measured without it: asked once
+            // here, refused (no access) or malformed, the run stops saying why.
+            let cpu_latency = (|| -> Result<Option<u32>, String> {
+                match arg(&args, "--cpu-latency-us") {
+                    None => Ok(None),
+                    Some(v) => {
+                        let us = v.parse::<u32>().map_err(|_| {
+                            format!("bench latency --cpu-latency-us {v}: µs from 0 to 1000000")
+                        })?;
+                        gstgpushm::ring::cpu_latency::CpuLatency::request(us)
+                            .map_err(|e| format!("bench latency --cpu-latency-us {us}: {e}"))?;
+                        Ok(Some(us))
+                    }
+                }
+            })();
+            let cpu_latency = match cpu_latency {
+                Ok(c) => c,
+                Err(e) => {
+                    println!("{e}");
+                    std::process::exit(2);
+                }
+            };
             let sizes = match (arg(&args, "--width"), arg(&args, "--height")) {
                 (None, None) => vec![(1280, 720), (1920, 1080), (3840, 2160)],
                 _ => vec![(num(&args, "--width", 1280), num(&args, "--height", 720))],
@@ -2005,7 +2028,7 @@ fn main() {
                 num(&args, "--runs", 1).max(1),
                 num(&args, "--spin-us", 300),
                 num(&args, "--chain", 0),
-                arg(&args, "--cpu-latency-us").and_then(|v| v.parse().ok()),
+                cpu_latency,
             );
             Ok(())
         }

@@ -15,7 +15,7 @@ pub const DEFAULT: i32 = -1;
 pub fn param_spec() -> glib::ParamSpec {
     glib::ParamSpecInt::builder("cpu-latency-us")
         .nick("CPU wake-up latency")
-        .blurb("Keeps this machine's CPUs in idle states that wake within this many microseconds while the element runs (the kernel's CPU latency QoS, /dev/cpu_dma_latency; -1 = the system's setting). A core that slept in a deep idle state wakes with cold caches, and a frame's way after it costs tens of µs more on each side: 0 with spin-us on the consumers gives the lowest latency. Costs power on every CPU, no CPU time. Needs write access to /dev/cpu_dma_latency (root, or a udev rule), else a warning says so and the stream goes on; changes nothing where the kernel has no cpuidle driver (some VMs)")
+        .blurb("Keeps this machine's CPUs in idle states that wake within this many microseconds while the element runs (the kernel's CPU latency QoS, /dev/cpu_dma_latency; -1 = the system's setting; read when the element starts). A core that slept in a deep idle state wakes with cold caches, and a frame's way after it costs several µs more on each side (about 10 on the dev VM): 0 with spin-us on the consumers gives the lowest latency. Costs power and no CPU time of this process, but with 0 idle cores poll instead of sleeping (in a VM each vCPU keeps a host core busy); a few µs still allows the lightest sleep states on most CPUs. Needs write access to /dev/cpu_dma_latency (root, or a udev rule), else a warning says so and the stream goes on; changes nothing where the kernel has no cpuidle driver (some VMs)")
         .minimum(-1)
         .maximum(MAX_US as i32)
         .default_value(DEFAULT)

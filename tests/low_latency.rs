@@ -13,6 +13,7 @@ use common::*;
 mod fake_producer;
 use fake_producer::*;
 
+use gst::prelude::*;
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
@@ -578,6 +579,10 @@ fn second_user_cpu_latency_us_is_held_while_the_elements_run() {
         nix::unistd::geteuid().is_root(),
         "reading /dev/cpu_dma_latency needs root; skip this test with --skip second_user"
     );
+    assert!(
+        std::path::Path::new(gpushm::cpu_latency::DEVICE).exists(),
+        "this kernel or container has no /dev/cpu_dma_latency; skip this test with --skip second_user_cpu_latency"
+    );
     let before = cpu_latency_now();
     // Values nobody else on this machine is likely to hold, below the default (2000 s).
     assert!(
@@ -622,6 +627,56 @@ fn second_user_cpu_latency_us_is_held_while_the_elements_run() {
     p.kill9();
     let _ = p.finish(Duration::from_secs(20));
     wait_cpu_latency(before, "both gone, the producer killed");
+}
+
+/// In one process: gpushmsink with the default (-1) asks for nothing; with 41 the kernel
+/// holds 41 while it runs, gpushmsrc's 23 beside it while that runs, and each request goes
+/// when its element stops (to NULL), not only when the process ends (root).
+#[test]
+fn second_user_cpu_latency_us_goes_when_the_element_stops() {
+    init();
+    let _s = serial();
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "reading /dev/cpu_dma_latency needs root; skip this test with --skip second_user"
+    );
+    let before = cpu_latency_now();
+    assert!(
+        before > 41,
+        "another process holds the CPU latency at {before} µs"
+    );
+    let dir = tmpdir();
+    let sock = dir.path().join("cpulat-stop.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc is-live=true ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+         ! gpushmsink name=sink socket-path={} sync=false",
+        sock.display()
+    ))
+    .unwrap();
+    let sink = producer
+        .downcast_ref::<gst::Bin>()
+        .unwrap()
+        .by_name("sink")
+        .unwrap();
+    assert_eq!(sink.property::<i32>("cpu-latency-us"), -1);
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    assert_eq!(cpu_latency_now(), before, "the default asked for something");
+    producer.set_state(gst::State::Null).unwrap();
+    sink.set_property("cpu-latency-us", 41i32);
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_cpu_latency(41, "gpushmsink cpu-latency-us=41 playing");
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} cpu-latency-us=23 ! fakesink",
+        sock.display()
+    ))
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    wait_cpu_latency(23, "gpushmsrc cpu-latency-us=23 playing");
+    consumer.set_state(gst::State::Null).unwrap();
+    wait_cpu_latency(41, "gpushmsrc stopped");
+    producer.set_state(gst::State::Null).unwrap();
+    wait_cpu_latency(before, "gpushmsink stopped");
 }
 
 /// A user without access to /dev/cpu_dma_latency (nobody) asking for cpu-latency-us: a

@@ -1652,9 +1652,11 @@ pub unsafe extern "C" fn gpushm_publisher_destroy(
 /// Keeps this machine's CPUs in idle states that wake within `us` microseconds (0: the
 /// shallowest) until `gpushm_cpu_latency_release`: the kernel's CPU latency QoS
 /// (/dev/cpu_dma_latency), the companion of `spin_us` for the lowest latency. A core that
-/// slept in a deep idle state wakes with cold caches, and a frame's way after it costs tens
-/// of µs more on each side. Costs power on every CPU, no CPU time; the kernel drops the
-/// request when the process ends, however it ends. Needs write access to
+/// slept in a deep idle state wakes with cold caches, and a frame's way after it costs
+/// several µs more on each side (about 10 on the dev VM). Costs power and no CPU time of this
+/// process, but with 0 idle cores poll instead of sleeping (in a VM each vCPU keeps a host
+/// core busy); a few µs still allows the lightest sleep states on most CPUs. The kernel drops
+/// the request when the process ends, however it ends. Needs write access to
 /// /dev/cpu_dma_latency (root, or a udev rule): GPUSHM_ERROR_SYSTEM otherwise, with
 /// `gpushm_last_error` saying so. Changes nothing where the kernel has no cpuidle driver
 /// (some VMs). `us` at most 1000000.
@@ -1669,6 +1671,19 @@ pub unsafe extern "C" fn gpushm_cpu_latency_request(
         let h = insert(&CPU_LATENCIES, Arc::new(held))?;
         // SAFETY: checked non-NULL.
         unsafe { out.write(h as *mut gpushm_cpu_latency) };
+        Ok(GPUSHM_OK)
+    })
+}
+
+/// The latency the kernel keeps the CPUs to now (the smallest of all requests), µs. Reading
+/// needs the same access as a request.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_cpu_latency_current(us: *mut u32) -> gpushm_status {
+    guard(|| {
+        let out = out_ptr(us, "us")?;
+        let v = CpuLatency::current()?;
+        // SAFETY: checked non-NULL.
+        unsafe { out.write(v) };
         Ok(GPUSHM_OK)
     })
 }

@@ -18,8 +18,8 @@
  *                                       object reused: only OK or "gone" answers
  *   capi_test reconnect SOCK            3 frames, then (the producer restarted meanwhile) 3
  *                                       more from the new producer, through reconnect
- *   capi_test cpulat                    gpushm_cpu_latency_request: held and released (root, read
- *                                       back from /dev/cpu_dma_latency) or refused (others)
+ *   capi_test cpulat                    gpushm_cpu_latency_request: held and released (device
+ *                                       writable, read back), or refused saying why
  *   capi_test cuda SOCK [device]        (GPU machine) a frame's CUDA device pointer: its bytes,
  *                                       copied back with libcuda, equal the host view (host
  *                                       ring); `device`: a device ring's frame, on the GPU
@@ -688,46 +688,45 @@ static int cuda(const char *sock, int device_ring)
     return failures != 0;
 }
 
-/* gpushm_cpu_latency_request/release: misuse answered with codes; as root the request holds
- * (read back from /dev/cpu_dma_latency) until released; as anyone else it is refused, saying
- * what access it needs. */
-static int read_cpu_latency(int32_t *v)
-{
-    FILE *f = fopen("/dev/cpu_dma_latency", "rb");
-    if (!f) {
-        return -1;
-    }
-    size_t n = fread(v, sizeof *v, 1, f);
-    fclose(f);
-    return n == 1 ? 0 : -1;
-}
-
+/* gpushm_cpu_latency_request/release/current: misuse answered with codes; where the device is
+ * writable (root, or a udev rule) the request holds (read back) until released; where it is
+ * not, it is refused saying what access it needs; where there is none, saying so. */
 static int cpulat(void)
 {
     gpushm_cpu_latency *r = NULL;
+    uint32_t before = 0, held = 0, after = 0;
     CHECK(gpushm_cpu_latency_request(1000001, &r) == GPUSHM_ERROR_INVALID_ARGUMENT &&
               strstr(gpushm_last_error(), "largest"),
           "over the largest: %s", gpushm_last_error());
     CHECK(gpushm_cpu_latency_request(0, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL out");
+    CHECK(gpushm_cpu_latency_current(NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "NULL us");
     CHECK(gpushm_cpu_latency_release(NULL) == GPUSHM_ERROR_BAD_HANDLE, "release NULL");
-    if (geteuid() == 0) {
-        int32_t before = 0, held = 0, after = 0;
-        CHECK(read_cpu_latency(&before) == 0, "reading /dev/cpu_dma_latency as root");
+    const char *how;
+    if (access("/dev/cpu_dma_latency", F_OK) != 0) {
+        how = "no device";
+        CHECK(gpushm_cpu_latency_request(0, &r) == GPUSHM_ERROR_SYSTEM &&
+                  strstr(gpushm_last_error(), "no CPU latency QoS device"),
+              "no device, saying so: %s", gpushm_last_error());
+    } else if (access("/dev/cpu_dma_latency", W_OK) == 0) {
+        how = "held";
+        CHECK(gpushm_cpu_latency_current(&before) == GPUSHM_OK, "current: %s", gpushm_last_error());
+        CHECK(before > 29, "another process holds the CPU latency at %u µs", before);
         CHECK(gpushm_cpu_latency_request(29, &r) == GPUSHM_OK, "request 29: %s", gpushm_last_error());
-        CHECK(read_cpu_latency(&held) == 0 && held == (before < 29 ? before : 29),
-              "held: %d (before %d)", (int)held, (int)before);
+        CHECK(gpushm_cpu_latency_current(&held) == GPUSHM_OK && held == 29, "held: %u (before %u)",
+              held, before);
         CHECK(gpushm_cpu_latency_release(r) == GPUSHM_OK, "release");
-        CHECK(read_cpu_latency(&after) == 0 && after == before, "after release: %d (before %d)",
-              (int)after, (int)before);
+        CHECK(gpushm_cpu_latency_current(&after) == GPUSHM_OK && after == before,
+              "after release: %u (before %u)", after, before);
         CHECK(gpushm_cpu_latency_release(r) == GPUSHM_ERROR_BAD_HANDLE, "released twice");
     } else {
+        how = "refused";
         CHECK(gpushm_cpu_latency_request(0, &r) == GPUSHM_ERROR_SYSTEM &&
                   strstr(gpushm_last_error(), "/dev/cpu_dma_latency") &&
                   strstr(gpushm_last_error(), "udev rule"),
               "refused without access, saying what it needs: %s", gpushm_last_error());
     }
     if (!failures) {
-        printf("OK cpulat (%s)\n", geteuid() == 0 ? "held" : "refused");
+        printf("OK cpulat (%s)\n", how);
     }
     return failures != 0;
 }

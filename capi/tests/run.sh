@@ -167,14 +167,20 @@ gst_producer "$sock" videotestsrc is-live=true ! "video/x-raw,format=GRAY8,width
 "$work/capi_test" misuse "$sock" | tee "$work/out.log"
 grep -q "^OK misuse" "$work/out.log" || fail "misuse"
 
-# 5a. Keeping the CPUs awake: held and released as root; refused for another user (nobody),
-# saying what it needs.
+# 5a. Keeping the CPUs awake: held and released where the device is writable; refused for
+# another user (nobody, where root can run one that reaches this build), saying what it needs.
 "$work/capi_test" cpulat | tee "$work/out.log"
 grep -q "^OK cpulat" "$work/out.log" || fail "cpulat"
 if [ "$(id -u)" = 0 ] && command -v setpriv > /dev/null; then
   chmod 755 "$work"
-  setpriv --reuid=65534 --regid=65534 --clear-groups "$work/capi_test" cpulat | tee "$work/out.log"
-  grep -q "^OK cpulat (refused)" "$work/out.log" || fail "cpulat as nobody"
+  as_nobody=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  if "${as_nobody[@]}" test -r "$prefix/lib/libgpushm.so" -a -x "$work/capi_test"; then
+    "${as_nobody[@]}" "$work/capi_test" cpulat > "$work/out.log" 2>&1 || fail "cpulat as nobody: $(cat "$work/out.log")"
+    cat "$work/out.log"
+    grep -q "^OK cpulat (refused)" "$work/out.log" || fail "cpulat as nobody"
+  else
+    say "cpulat as nobody: not run (nobody cannot reach $prefix)"
+  fi
 fi
 
 # 6. The examples: per-plane sums, a PNG through cv::Mat, the C producer example.

@@ -4,15 +4,19 @@
 //!
 //! Why: between two frames at 30 fps a core sleeps for tens of milliseconds. In a deep idle
 //! state (or, in a VM, halted and given to other work) it loses its caches, TLB and branch
-//! history, and the next frame's way pays for every miss: on the 2-core dev VM the
-//! producer's part (stamp to publish) took 14 µs after such a sleep and 5 µs with the cores
-//! kept out of it, and gpushmsrc's part in low-latency mode 20 µs against 2 (`bench latency`
-//! with per-stage times, `--cpu-latency-us 0`). Polling (`spin-us`) keeps only the polling
-//! thread's core awake, and only for its budget; this request keeps every core in idle states
-//! that wake within the given time, for as long as it is held.
+//! history, and the next frame's way pays for every miss: on the 2-core dev VM
+//! (`bench latency --cpu-latency-us 0`, built with per-stage times) the producer's part (stamp
+//! to publish) took 9.9–14.8 µs after such a sleep and 5.2–6.4 µs with the cores kept out of
+//! it, and gpushmsrc's way from the ring to its source pad in low-latency mode 13–17 µs
+//! against 2.5–5.4. Polling (`spin-us`) keeps only the polling thread's core awake, and only
+//! for its budget; this request keeps every core in idle states that wake within the given
+//! time, for as long as it is held.
 //!
-//! What it costs: power (cores idle in shallow states), no CPU time. What it needs: write
-//! access to `/dev/cpu_dma_latency` (root, or a udev rule such as
+//! What it costs: power, and no CPU time of this process; but with 0 idle cores poll instead
+//! of sleeping (in a VM each vCPU then keeps a host core busy, on bare metal a busy
+//! hyperthread sibling loses some throughput), where a few µs still allows the lightest sleep
+//! states that keep the caches on most CPUs. What it needs: write access to
+//! `/dev/cpu_dma_latency` (root, or a udev rule such as
 //! `KERNEL=="cpu_dma_latency", GROUP="video", MODE="0660"`). Where the kernel has no cpuidle
 //! driver (`/sys/devices/system/cpu/cpuidle/current_driver` reads `none`, as in some VMs) an
 //! idle core halts whatever is asked, and the request changes nothing.
@@ -53,10 +57,14 @@ impl CpuLatency {
             .write(true)
             .open(DEVICE)
             .map_err(|e| os_error(&format!("opening {DEVICE}"), &e))?;
-        // The kernel takes a binary s32 (4 bytes) or a hex string; one write sets it.
-        device
-            .write_all(&(us as i32).to_ne_bytes())
-            .map_err(|e| os_error(&format!("writing {us} µs to {DEVICE}"), &e))?;
+        // The kernel takes a binary s32 in one write of 4 bytes (anything else is read as a hex
+        // string): a short write is refused, never completed by a second one.
+        let what = format!("writing {us} µs to {DEVICE}");
+        match device.write(&(us as i32).to_ne_bytes()) {
+            Ok(4) => {}
+            Ok(n) => return Err(Error::Invalid(format!("{what}: {n} of 4 bytes written"))),
+            Err(e) => return Err(os_error(&what, &e)),
+        }
         Ok(CpuLatency {
             _device: device,
             us,
@@ -105,16 +113,30 @@ mod tests {
         assert!(e.contains("1000001 µs") && e.contains("largest"), "{e}");
     }
 
-    /// Root: the request holds while it lives and goes with it. Anyone else: refused with a
+    /// Where the device is writable (root, or a udev rule): the request holds while it lives
+    /// and goes with it. Missing (a container): refused, saying so. Otherwise: refused with a
     /// message that says what access it needs.
     #[test]
-    fn a_request_holds_while_it_lives_or_says_what_it_needs() {
-        if nix::unistd::geteuid().is_root() {
-            holds_while_it_lives();
-        } else {
-            let e = CpuLatency::request(0).unwrap_err().to_string();
-            assert!(e.contains(DEVICE) && e.contains("udev rule"), "{e}");
+    fn a_request_holds_while_it_lives_or_says_why_not() {
+        match writable() {
+            Some(true) => holds_while_it_lives(),
+            Some(false) => {
+                let e = CpuLatency::request(0).unwrap_err().to_string();
+                assert!(e.contains(DEVICE) && e.contains("udev rule"), "{e}");
+            }
+            None => {
+                let e = CpuLatency::request(0).unwrap_err().to_string();
+                assert!(e.contains("no CPU latency QoS device"), "{e}");
+            }
         }
+    }
+
+    /// Whether this process may write the device (`None`: there is none).
+    fn writable() -> Option<bool> {
+        if !std::path::Path::new(DEVICE).exists() {
+            return None;
+        }
+        Some(nix::unistd::access(DEVICE, nix::unistd::AccessFlags::W_OK).is_ok())
     }
 
     fn holds_while_it_lives() {

@@ -3,7 +3,7 @@
 
 use std::sync::Mutex;
 
-use pyo3::exceptions::{PyPermissionError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
@@ -13,22 +13,20 @@ use gpushm::Error as CoreError;
 fn to_py(e: CoreError) -> PyErr {
     match e {
         CoreError::Invalid(m) => PyValueError::new_err(m),
-        e @ CoreError::Os {
-            errno: nix::errno::Errno::EACCES | nix::errno::Errno::EPERM,
-            ..
-        } => PyPermissionError::new_err(e.to_string()),
         e => crate::errors::to_py(e),
     }
 }
 
-/// Keeps this machine's CPUs in idle states that wake within `us` microseconds (0: the
-/// shallowest) until closed: the kernel's CPU latency QoS (/dev/cpu_dma_latency), the
-/// companion of ``spin_us`` for the lowest latency. A core that slept in a deep idle state
-/// wakes with cold caches, and a frame's way after it costs tens of µs more on each side.
-/// Costs power on every CPU, no CPU time; the kernel drops the request when the process
-/// ends, however it ends. Needs write access to /dev/cpu_dma_latency (root, or a udev rule):
-/// PermissionError otherwise. Changes nothing where the kernel has no cpuidle driver (some
-/// VMs)::
+/// Keeps this machine's CPUs in idle states that wake within `us` microseconds (0 to
+/// 1000000; 0: the shallowest) until closed: the kernel's CPU latency QoS
+/// (/dev/cpu_dma_latency), the companion of ``spin_us`` for the lowest latency. A core that
+/// slept in a deep idle state wakes with cold caches, and a frame's way after it costs several
+/// µs more on each side (about 10 on the dev VM). Costs power and no CPU time of this process,
+/// but with 0 idle cores poll instead of sleeping (in a VM each vCPU keeps a host core busy);
+/// a few µs still allows the lightest sleep states on most CPUs. The kernel drops the request
+/// when the process ends, however it ends. Needs write access to /dev/cpu_dma_latency (root,
+/// or a udev rule): ``gpushm.Error`` otherwise, saying so (``ValueError`` for a value out of
+/// range). Changes nothing where the kernel has no cpuidle driver (some VMs)::
 ///
 ///     with gpushm.CpuLatency(0), gpushm.Subscriber("/tmp/cam", spin_us=300) as sub:
 ///         for frame in sub: ...
