@@ -1038,6 +1038,21 @@ fn spin_us() -> u64 {
         .unwrap_or(0)
 }
 
+/// `bench latency --cpu-latency-us N`, asked of the kernel once here: a mode that did not get
+/// its request would be measured without it, so a refused (no access) or malformed value is an
+/// error that says why.
+fn cpu_latency_arg(args: &[String]) -> Result<Option<u32>, String> {
+    let Some(v) = arg(args, "--cpu-latency-us") else {
+        return Ok(None);
+    };
+    let us = v
+        .parse::<u32>()
+        .map_err(|_| format!("bench latency --cpu-latency-us {v}: µs from 0 to 1000000"))?;
+    gstgpushm::ring::cpu_latency::CpuLatency::request(us)
+        .map_err(|e| format!("bench latency --cpu-latency-us {us}: {e}"))?;
+    Ok(Some(us))
+}
+
 /// gpushmsink's and gpushmsrc's `cpu-latency-us` (`GPUSHM_BENCH_CPU_LATENCY_US`; unset: not
 /// set), as a property to append to their launch lines.
 fn cpu_latency_prop() -> String {
@@ -1996,28 +2011,10 @@ fn main() {
             if args.iter().any(|a| a == "--pin") {
                 *PIN.lock().unwrap() = two_cpus();
             }
-            // A mode that did not get its request would be measured without it: asked once
-            // here, refused (no access) or malformed, the run stops saying why.
-            let cpu_latency = (|| -> Result<Option<u32>, String> {
-                match arg(&args, "--cpu-latency-us") {
-                    None => Ok(None),
-                    Some(v) => {
-                        let us = v.parse::<u32>().map_err(|_| {
-                            format!("bench latency --cpu-latency-us {v}: µs from 0 to 1000000")
-                        })?;
-                        gstgpushm::ring::cpu_latency::CpuLatency::request(us)
-                            .map_err(|e| format!("bench latency --cpu-latency-us {us}: {e}"))?;
-                        Ok(Some(us))
-                    }
-                }
-            })();
-            let cpu_latency = match cpu_latency {
-                Ok(c) => c,
-                Err(e) => {
-                    println!("{e}");
-                    std::process::exit(2);
-                }
-            };
+            let cpu_latency = cpu_latency_arg(&args).unwrap_or_else(|e| {
+                println!("{e}");
+                std::process::exit(2);
+            });
             let sizes = match (arg(&args, "--width"), arg(&args, "--height")) {
                 (None, None) => vec![(1280, 720), (1920, 1080), (3840, 2160)],
                 _ => vec![(num(&args, "--width", 1280), num(&args, "--height", 720))],
