@@ -243,6 +243,16 @@ gpushm_status gpushm_subscriber_next_frame_info(gpushm_subscriber *sub,
 // before another thread waits on the subscriber: this call waits while one does.
 gpushm_status gpushm_subscriber_fd(gpushm_subscriber *sub, int *fd);
 
+// How the low-latency mode (`spin_us`) fares on the current connection: frames that came
+// while the ring was polled (`caught`, each saved a wake-up) and polls that ended without one
+// (`missed`, each cost its budget). Both 0 without the mode, before the first frame and after
+// a reconnect. Misses that grow with every frame mean the producer jitters more than the
+// budget covers. Like `gpushm_subscriber_fd`, it waits while another thread waits on the
+// subscriber.
+gpushm_status gpushm_subscriber_spin_stats(gpushm_subscriber *sub,
+                                           uint64_t *caught,
+                                           uint64_t *missed);
+
 // Makes a `gpushm_subscriber_next_frame` waiting on this subscriber (in another thread)
 // return GPUSHM_INTERRUPTED now (or the next one, if none waits).
 gpushm_status gpushm_subscriber_interrupt(gpushm_subscriber *sub);

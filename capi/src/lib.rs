@@ -888,6 +888,36 @@ pub unsafe extern "C" fn gpushm_subscriber_fd(
     })
 }
 
+/// How the low-latency mode (`spin_us`) fares on the current connection: frames that came
+/// while the ring was polled (`caught`, each saved a wake-up) and polls that ended without one
+/// (`missed`, each cost its budget). Both 0 without the mode, before the first frame and after
+/// a reconnect. Misses that grow with every frame mean the producer jitters more than the
+/// budget covers. Like `gpushm_subscriber_fd`, it waits while another thread waits on the
+/// subscriber.
+#[no_mangle]
+pub unsafe extern "C" fn gpushm_subscriber_spin_stats(
+    sub: *mut gpushm_subscriber,
+    caught: *mut u64,
+    missed: *mut u64,
+) -> gpushm_status {
+    guard(|| {
+        let caught = out_ptr(caught, "caught")?;
+        let missed = out_ptr(missed, "missed")?;
+        let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
+        let st = lock(&s.conn)
+            .sub
+            .as_ref()
+            .map(|c| c.spin_stats())
+            .unwrap_or_default();
+        // SAFETY: both checked non-NULL.
+        unsafe {
+            caught.write(st.caught);
+            missed.write(st.missed);
+        }
+        Ok(GPUSHM_OK)
+    })
+}
+
 /// Makes a `gpushm_subscriber_next_frame` waiting on this subscriber (in another thread)
 /// return GPUSHM_INTERRUPTED now (or the next one, if none waits).
 #[no_mangle]

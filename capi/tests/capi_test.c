@@ -7,7 +7,8 @@
  *   capi_test expect N                  what `produce` publishes, raw, to stdout
  *   capi_test consume SOCK N OUT        N frames (lossless), visible rows of every plane to OUT;
  *                                       every other frame through poll() on the fd; then EOS
- *                                       (CAPI_TEST_SPIN_US: with the low-latency mode)
+ *                                       (CAPI_TEST_SPIN_US: with the low-latency mode, which
+ *                                       must catch frames while polling; without: it never does)
  *   capi_test timeout SOCK N            N frames, then a 200 ms wait must time out
  *   capi_test killed SOCK               holds a frame while the producer is killed (-9): its
  *                                       bytes stay the same, then the producer is gone
@@ -246,6 +247,22 @@ static int consume(const char *sock, int n, const char *out_path)
         got++;
     }
     fclose(out);
+    /* The low-latency mode engages: with spin_us, frames are caught while polling (a poll at
+     * most once a frame); without it, never. */
+    uint64_t caught = 0, missed = 0;
+    CHECK(gpushm_subscriber_spin_stats(s, &caught, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "spin_stats with a NULL missed");
+    CHECK(gpushm_subscriber_spin_stats(s, &caught, &missed) == GPUSHM_OK, "spin_stats");
+    if (getenv("CAPI_TEST_SPIN_US")) {
+        CHECK(caught >= 1 && caught + missed <= (uint64_t)n + 1,
+              "spin_us: %llu caught, %llu missed of %d frames", (unsigned long long)caught,
+              (unsigned long long)missed, n);
+        printf("spin_us: %llu of %d frames caught polling, %llu polls missed\n",
+               (unsigned long long)caught, n, (unsigned long long)missed);
+    } else {
+        CHECK(caught == 0 && missed == 0, "no spin_us, yet %llu caught, %llu missed",
+              (unsigned long long)caught, (unsigned long long)missed);
+    }
     gpushm_frame *f = NULL;
     gpushm_status st = gpushm_subscriber_next_frame(s, 10000000000ll, &f);
     CHECK(st == GPUSHM_EOS, "after %d frames: %d, not EOS", n, st);
@@ -348,6 +365,9 @@ static int misuse(const char *sock)
     CHECK(gpushm_frame_release(NULL) == GPUSHM_ERROR_BAD_HANDLE, "release NULL");
     CHECK(gpushm_frame_destroy(NULL) == GPUSHM_ERROR_BAD_HANDLE, "destroy NULL");
     CHECK(gpushm_subscriber_destroy(NULL) == GPUSHM_ERROR_BAD_HANDLE, "destroy NULL sub");
+    uint64_t caught = 0, missed = 0;
+    CHECK(gpushm_subscriber_spin_stats(NULL, &caught, &missed) == GPUSHM_ERROR_BAD_HANDLE,
+          "spin_stats of NULL");
     CHECK(strlen(gpushm_last_error()) > 0, "an error says why");
     /* A handle that never was one (a pointer to our own memory). */
     CHECK(gpushm_frame_get_info((gpushm_frame *)&info, &info) == GPUSHM_ERROR_BAD_HANDLE, "forged");

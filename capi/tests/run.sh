@@ -82,11 +82,11 @@ done
 sock=$work/spin.sock; rm -f "$sock"
 caps=video/x-raw,format=NV12,width=320,height=240
 gst_producer "$sock" videotestsrc is-live=true num-buffers=20 pattern=ball ! "$caps,framerate=30/1"
-CAPI_TEST_SPIN_US=2000 "$work/capi_test" consume "$sock" 20 "$work/got.raw" | tee "$work/out.log"
+CAPI_TEST_SPIN_US=20000 "$work/capi_test" consume "$sock" 20 "$work/got.raw" | tee "$work/out.log"
 grep -q "^OK consume 20" "$work/out.log" || fail "consume with spin_us"
 gst-launch-1.0 -q videotestsrc num-buffers=20 pattern=ball ! "$caps,framerate=30/1" ! filesink location="$work/want.raw"
 cmp "$work/got.raw" "$work/want.raw" || fail "spin_us: the C consumer's frames differ from videotestsrc's"
-say "spin_us=2000: 20 live frames equal videotestsrc's"
+say "spin_us=20000: 20 live frames equal videotestsrc's"
 
 # 2. The C producer read by gpushmsrc, byte for byte.
 sock=$work/cprod.sock; rm -f "$sock"
