@@ -364,7 +364,7 @@ gpushm_status gpushm_publisher_destroy(gpushm_publisher *publisher);
 gpushm_status gpushm_cpu_latency_request(uint32_t us, gpushm_cpu_latency **out);
 
 // The latency the kernel keeps the CPUs to now (the smallest of all requests), µs. Reading
-// needs the same access as a request.
+// needs access too (read access: root, or the same udev rule).
 gpushm_status gpushm_cpu_latency_current(uint32_t *us);
 
 // Withdraws the request and frees it.

@@ -1706,7 +1706,7 @@ pub unsafe extern "C" fn gpushm_cpu_latency_request(
 }
 
 /// The latency the kernel keeps the CPUs to now (the smallest of all requests), µs. Reading
-/// needs the same access as a request.
+/// needs access too (read access: root, or the same udev rule).
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_cpu_latency_current(us: *mut u32) -> gpushm_status {
     guard(|| {

@@ -77,7 +77,7 @@ impl CpuLatency {
     }
 
     /// The latency the kernel keeps the CPUs to now (the smallest of all requests; 2 000 s
-    /// when none), µs. Reading needs the same access as a request.
+    /// when none), µs. Reading needs access too (read access: root, or the same udev rule).
     pub fn current() -> Result<u32> {
         let mut v = [0u8; 4];
         std::fs::File::open(DEVICE)
@@ -93,7 +93,7 @@ fn os_error(what: &str, e: &std::io::Error) -> Error {
     let errno = nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0));
     let hint = match errno {
         nix::errno::Errno::EACCES | nix::errno::Errno::EPERM => {
-            " (keeping the CPUs awake needs write access to it: run as root, or add a udev rule such as KERNEL==\"cpu_dma_latency\", GROUP=\"video\", MODE=\"0660\")"
+            " (asking the kernel to keep the CPUs awake needs access to it: run as root, or add a udev rule such as KERNEL==\"cpu_dma_latency\", GROUP=\"video\", MODE=\"0660\")"
         }
         nix::errno::Errno::ENOENT | nix::errno::Errno::ENODEV => {
             " (this kernel or container has no CPU latency QoS device)"

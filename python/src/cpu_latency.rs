@@ -63,7 +63,7 @@ impl CpuLatency {
     }
 
     /// The latency the kernel keeps the CPUs to now (the smallest of all requests), µs.
-    /// Reading needs the same access as a request.
+    /// Reading needs access too (read access: root, or the same udev rule).
     #[staticmethod]
     fn current() -> PyResult<u32> {
         Held::current().map_err(to_py)
