@@ -227,8 +227,9 @@ fn produce(args: &[String]) -> Result<(), String> {
     // GPUSHM_BENCH_SINK_PROPS: more gpushmsink properties (`slots=32`), to try a setting.
     let sink = match transport.as_str() {
         "gpushm" => format!(
-            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={}{} {}",
+            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={} wake-early={}{} {}",
             std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into()),
+            std::env::var("GPUSHM_BENCH_WAKE_EARLY").unwrap_or_else(|_| "true".into()),
             cpu_latency_prop(),
             std::env::var("GPUSHM_BENCH_SINK_PROPS").unwrap_or_default()
         ),
@@ -1414,6 +1415,20 @@ fn orchestrate(plot_path: &str) {
     }
 }
 
+/// One way `bench latency` measures.
+struct Mode {
+    label: String,
+    transport: &'static str,
+    /// gpushmsrc spin-us.
+    spin: u64,
+    /// `gpushmsrc ! gpushmsink` processes between producer and consumer.
+    relays: u64,
+    /// cpu-latency-us of both elements.
+    cpu_latency: Option<u32>,
+    /// gpushmsink wake-early.
+    wake_early: bool,
+}
+
 /// Latency alone (30 fps live, pool mode), with the floor measured in the same round:
 /// `bench latency [--width 1280 --height 720] [--frames 300] [--runs 7]`. Without a size it
 /// runs 720p, 1080p and 4K. Each round measures the floor, then both transports, the one that
@@ -1437,30 +1452,46 @@ fn latency_only(
             n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
         }
     };
-    // (label, transport, spin-us, relays, cpu-latency-us)
-    let mut modes: Vec<(String, &str, u64, u64, Option<u32>)> = vec![
-        ("gpushm".into(), "gpushm", 0, 0, None),
-        (format!("gpushm spin-us={spin}"), "gpushm", spin, 0, None),
-        ("shm".into(), "shm", 0, 0, None),
+    let gpushm = |label: String| Mode {
+        label,
+        transport: "gpushm",
+        spin: 0,
+        relays: 0,
+        cpu_latency: None,
+        wake_early: true,
+    };
+    let mut modes = vec![
+        gpushm("gpushm".into()),
+        Mode {
+            wake_early: false,
+            ..gpushm("gpushm wake-early=false".into())
+        },
+        Mode {
+            spin,
+            ..gpushm(format!("gpushm spin-us={spin}"))
+        },
+        Mode {
+            transport: "shm",
+            ..gpushm("shm".into())
+        },
     ];
     if let Some(us) = cpu_latency {
-        modes.push((
-            format!("gpushm spin-us={spin} cpu-latency-us={us}"),
-            "gpushm",
+        modes.push(Mode {
             spin,
-            0,
-            Some(us),
-        ));
+            cpu_latency: Some(us),
+            ..gpushm(format!("gpushm spin-us={spin} cpu-latency-us={us}"))
+        });
     }
     if chain > 0 {
-        modes.push((format!("gpushm, {chain} relays"), "gpushm", 0, chain, None));
-        modes.push((
-            format!("gpushm spin-us={spin}, {chain} relays"),
-            "gpushm",
+        modes.push(Mode {
+            relays: chain,
+            ..gpushm(format!("gpushm, {chain} relays"))
+        });
+        modes.push(Mode {
             spin,
-            chain,
-            None,
-        ));
+            relays: chain,
+            ..gpushm(format!("gpushm spin-us={spin}, {chain} relays"))
+        });
     }
     let mut summary = Vec::new();
     for &(w, h) in sizes {
@@ -1487,8 +1518,16 @@ fn latency_only(
                 (0..n).rev().collect()
             };
             for i in order {
-                let (label, t, spin, relays, cpu_latency) = &modes[i];
+                let Mode {
+                    label,
+                    transport: t,
+                    spin,
+                    relays,
+                    cpu_latency,
+                    wake_early,
+                } = &modes[i];
                 std::env::set_var("GPUSHM_BENCH_SPIN_US", spin.to_string());
+                std::env::set_var("GPUSHM_BENCH_WAKE_EARLY", wake_early.to_string());
                 std::env::set_var("GPUSHM_BENCH_CHAIN", relays.to_string());
                 if let Some(us) = cpu_latency {
                     std::env::set_var("GPUSHM_BENCH_CPU_LATENCY_US", us.to_string());
@@ -1497,6 +1536,7 @@ fn latency_only(
                 std::env::remove_var("GPUSHM_BENCH_SPIN_US");
                 std::env::remove_var("GPUSHM_BENCH_CHAIN");
                 std::env::remove_var("GPUSHM_BENCH_CPU_LATENCY_US");
+                std::env::remove_var("GPUSHM_BENCH_WAKE_EARLY");
                 let c = &lat.consumer;
                 // CPU time per frame times the frame rate: the share of a core.
                 let share = |m: &Option<Fields>| f(m, "cpu_us_per_frame") * 30.0 / 1e4;
@@ -1539,7 +1579,16 @@ fn latency_only(
             }
         }
         let fl = median(&floors);
-        for (i, (label, t, _, relays, _)) in modes.iter().enumerate() {
+        for (
+            i,
+            Mode {
+                label,
+                transport: t,
+                relays,
+                ..
+            },
+        ) in modes.iter().enumerate()
+        {
             let m = median(&p50[i]);
             summary.push(format!(
                 "| {w}x{h} | {label} | {fl:.1} | {m:.1} | {:.1} | {:+.1} | {} | {:.2} / {} / {:.2} |",

@@ -840,8 +840,9 @@ fn a_consumer_cannot_block_the_producer_through_its_wake_up_descriptors() {
     let hostile = raw_connect(&sock, 0);
     make_blocking(hostile.ready.as_fd(), true);
     make_blocking(hostile.release.as_fd(), false);
-    // "Wake me after every delivery", and never read.
-    hostile.ch.set_waiting(true);
+    // "Wake me after every delivery" (and ahead of each frame: gpushmsink's wake-early),
+    // and never read.
+    hostile.ch.set_waiting(gpushm::layout::WAITS_SLEEPING);
     std::thread::sleep(Duration::from_secs(3));
     let from = now() - 2_000_000_000;
     let to = now();

@@ -354,6 +354,78 @@ fn a_spin_budget_over_the_maximum_is_refused_saying_why() {
     );
 }
 
+/// `cmd`, run on `cpu` only.
+fn pinned(mut cmd: std::process::Command, cpu: usize) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: sched_setaffinity is a plain system call, safe between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set = nix::sched::CpuSet::new();
+            set.set(cpu)?;
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// gpushmsink wake-early (on by default) wakes a gpushmsrc sleeping for a frame as the frame
+/// reaches the sink, through the 30 → 5 → 60 fps schedule and its pause: every frame arrives,
+/// complete and in order, and most were woken for early; with wake-early=false, none is. The
+/// producer and the consumer run on two CPUs (a consumer asleep on the producer's CPU is never
+/// woken early: it would take that CPU from the frame's way).
+#[test]
+fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
+    init();
+    let _s = serial();
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect();
+    assert!(
+        cpus.len() >= 2,
+        "this test needs two CPUs, it may use {cpus:?}"
+    );
+    for on in [true, false] {
+        let dir = tmpdir();
+        let sock = dir.path().join("wakeearly.sock");
+        let prop = format!("wake-early={on}");
+        let p = Proc::spawn(
+            pinned(
+                producer_command(&sock, &["--schedule", SCHEDULE, "--sink-prop", &prop]),
+                cpus[0],
+            ),
+            "pattern_producer",
+        );
+        wait_for_path(&sock, Duration::from_secs(20));
+        let mut c = example("frame_checker");
+        c.args([
+            "--socket",
+            sock.to_str().unwrap(),
+            "--verify",
+            "--lossless",
+            "--expect",
+            &FRAMES.to_string(),
+        ]);
+        let checker = Proc::spawn(pinned(c, cpus[1]), "frame_checker");
+        let (status, out) = checker.finish(Duration::from_secs(30));
+        let (ps, pout) = p.finish(Duration::from_secs(20));
+        assert!(ps.success(), "producer: {pout:?}");
+        assert!(status.success(), "checker: {out:?}");
+        assert_every_frame(&out, FRAMES);
+        let woken = num(&fields(&pout, "STATS "), "woken-early");
+        eprintln!("{prop}: {woken} of {FRAMES} frames woken for early");
+        if on {
+            assert!(
+                woken >= (FRAMES / 2) as f64 && woken <= FRAMES as f64,
+                "{woken} early wake-ups for {FRAMES} frames: {pout:?}"
+            );
+        } else {
+            assert_eq!(woken, 0.0, "{pout:?}");
+        }
+    }
+}
+
 /// gpushmsink spin-us: a producer flat out (not live) waits for its lossless consumer's
 /// releases by polling them. Every frame arrives intact and in order, waits end while polling
 /// (none do without the mode), and the producer polls once a frame at most.

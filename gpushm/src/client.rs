@@ -283,6 +283,10 @@ pub struct ConnectOptions {
     pub spin: Duration,
 }
 
+/// How long a subscriber woken with no frame yet polls for it (see
+/// [`crate::publisher::Publisher::wake_early`]), at most once per frame it takes.
+pub const EARLY_WAKE_POLL: Duration = Duration::from_micros(100);
+
 /// The largest [`ConnectOptions::spin`]: 100 ms of polling a frame (more is refused when
 /// connecting, as an error that says so).
 pub const MAX_SPIN: Duration = Duration::from_millis(100);
@@ -387,6 +391,9 @@ pub(crate) struct Connection {
     slack_ns: u64,
     /// Low-latency mode: frames that came while polling, and polls that ended without one.
     spin_stats: SpinStats,
+    /// A wake-up that finds no frame may poll for it ([`EARLY_WAKE_POLL`]): once per frame
+    /// taken, so that a producer that rings for nothing costs us one poll a frame at most.
+    early_poll: bool,
 }
 
 /// How a subscriber's low-latency mode ([`ConnectOptions::spin`]) fares: tune the budget by
@@ -612,6 +619,7 @@ impl Connection {
                 crate::cadence::timer_slack_ns()
             },
             spin_stats: SpinStats::default(),
+            early_poll: true,
         };
         c.pump()?;
         Ok(c)
@@ -816,6 +824,7 @@ impl Connection {
             }
         };
         self.releaser.leases.fetch_add(1, Ordering::AcqRel);
+        self.early_poll = true;
         let lease = SlotLease {
             entry: e,
             ring: ring.clone(),
@@ -866,7 +875,11 @@ impl Connection {
         warm_up: &mut dyn FnMut(),
     ) -> Result<Wait> {
         if self.spin.is_zero() {
-            return self.wait_blocking(wake, timeout);
+            let r = self.wait_blocking(wake, timeout)?;
+            if r == Wait::Ready {
+                self.poll_after_early_wake(timeout);
+            }
+            return Ok(r);
         }
         let start = Instant::now();
         let deadline = timeout.and_then(|t| start.checked_add(t));
@@ -916,6 +929,9 @@ impl Connection {
                     return Ok(Some(Wait::TimedOut))
                 }
                 Wait::TimedOut => {}
+                // Rung ahead of a frame (the producer's wake-early, or a frame just
+                // taken back): the frame is on its way, poll for it from now.
+                Wait::Ready if !self.socket_ready && !self.releaser.ch.has_delivery() => {}
                 // A frame came early, news on the socket, or woken.
                 r => return Ok(Some(r)),
             }
@@ -954,6 +970,32 @@ impl Connection {
         Ok(None)
     }
 
+    /// After a wake-up that found no frame and no news on the socket: the producer rang
+    /// ahead of a frame ([`crate::publisher::Publisher::wake_early`]) and we woke before it
+    /// was published. Polls the ring for it for up to [`EARLY_WAKE_POLL`] (never past
+    /// `timeout`), once per frame taken: sleeping again would cost a second wake-up, tens of
+    /// µs on machines where the first took longer than the producer's way to the publish.
+    #[link_section = ".text.hot.gpushm"]
+    fn poll_after_early_wake(&mut self, timeout: Option<Duration>) {
+        let ch = &self.releaser.ch;
+        if !self.early_poll || self.socket_ready || ch.has_delivery() {
+            return;
+        }
+        // Woken on the producer's CPU (the scheduler's choice for a socket's wake-up): polling
+        // there would keep the producer from publishing. Sleep again.
+        let here = crate::layout::this_cpu();
+        if here == 0 || here == ch.early_wake_cpu() {
+            return;
+        }
+        self.early_poll = false;
+        let end = Instant::now() + timeout.map_or(EARLY_WAKE_POLL, |t| t.min(EARLY_WAKE_POLL));
+        while !ch.has_delivery() && Instant::now() < end {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
     /// Sleeps on the descriptors until a frame may be ready, the socket has news, `wake`
     /// fires or `timeout` ends.
     #[link_section = ".text.hot.gpushm"]
@@ -967,17 +1009,21 @@ impl Connection {
         let ch = &self.releaser.ch;
         // Ask for a wake-up, then look once more: a frame delivered before the producer saw
         // the request came without one.
-        ch.set_waiting(true);
+        ch.set_waiting(if always {
+            crate::layout::WAITS_POLLED
+        } else {
+            crate::layout::WAITS_SLEEPING
+        });
         if ch.has_delivery() {
             if !always {
-                ch.set_waiting(false);
+                ch.set_waiting(0);
             }
             return Ok(Wait::Ready);
         }
         let w = WaitFds::of(self);
         let r = w.wait(wake, timeout);
         if !always {
-            self.releaser.ch.set_waiting(false);
+            self.releaser.ch.set_waiting(0);
         }
         let (r, socket_readable) = r?;
         if socket_readable {
@@ -998,7 +1044,7 @@ impl Connection {
     /// it after every delivery.
     pub fn ready_fd(&self) -> RawFd {
         self.always_wake.store(true, Ordering::Relaxed);
-        self.releaser.ch.set_waiting(true);
+        self.releaser.ch.set_waiting(crate::layout::WAITS_POLLED);
         self.ready.as_raw_fd()
     }
 }
@@ -1665,6 +1711,106 @@ mod tests {
             drop(cam);
             std::fs::remove_dir_all(&dir).ok();
         }
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+    }
+
+    /// Two CPUs this process may run on.
+    fn two_cpus() -> (usize, usize) {
+        let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+            .filter(|&c| set.is_set(c).unwrap_or(false))
+            .collect();
+        assert!(
+            cpus.len() >= 2,
+            "this test needs two CPUs, it may use {cpus:?}"
+        );
+        (cpus[0], cpus[1])
+    }
+
+    /// Whether thread `tid` of this process sleeps (state S: our subscriber in its poll).
+    fn sleeping(tid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('S'))
+            })
+            .unwrap_or(false)
+    }
+
+    /// How often thread `tid` of this process went to sleep.
+    fn sleeps(tid: i32) -> u64 {
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap()
+    }
+
+    /// wake_early wakes a subscriber that sleeps waiting for a frame ahead of the frame: once
+    /// per frame, never from the CPU it went to sleep on (where it would take the CPU from the
+    /// producer), never one whose event loop polls the doorbell. The subscriber woken before
+    /// the frame is published still gets every frame, complete and in order.
+    #[test]
+    fn wake_early_wakes_a_sleeping_subscriber_ahead_of_the_frame_and_loses_nothing() {
+        let (a, b) = two_cpus();
+        let dir = scratch("wake-early");
+        let cam = camera(&dir, 8);
+        let mut sub = connect(&dir, true);
+        // Polled by an event loop of its own: woken by frames, never ahead of them.
+        let polled = connect(&dir, false);
+        let _ = polled.poll_fds();
+        until("the clients", || cam.num_clients() == 2);
+        let woken = || cam.stats().0.woken_early;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let consumer = std::thread::spawn(move || {
+            pin(a);
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            (1..=3u8)
+                .map(|v| {
+                    let f = take(&mut sub);
+                    (f.seq, filled_with(&f, v))
+                })
+                .collect::<Vec<_>>()
+        });
+        let tid = rx.recv().unwrap();
+        pin(b);
+        // Woken from another CPU, once for the frame however often asked.
+        until("the subscriber to sleep", || sleeping(tid));
+        let before = sleeps(tid);
+        cam.wake_early();
+        cam.wake_early();
+        assert_eq!(woken(), 1, "one wake-up ahead of frame 1");
+        // It woke, found no frame, and sleeps again (after a poll of at most 100 µs).
+        until("the subscriber to wake and sleep again", || {
+            sleeps(tid) > before && sleeping(tid)
+        });
+        publish(&cam, 1);
+        // Not from the CPU it sleeps on.
+        std::thread::sleep(2 * crate::publisher::WAKE_EARLY_GAP);
+        until("the subscriber to sleep after frame 1", || sleeping(tid));
+        pin(a);
+        cam.wake_early();
+        pin(b);
+        assert_eq!(woken(), 1, "woken from the CPU it sleeps on");
+        publish(&cam, 2);
+        std::thread::sleep(2 * crate::publisher::WAKE_EARLY_GAP);
+        until("the subscriber to sleep after frame 2", || sleeping(tid));
+        cam.wake_early();
+        assert_eq!(woken(), 2, "one wake-up ahead of frame 3");
+        publish(&cam, 3);
+        let got = consumer.join().unwrap();
+        assert_eq!(got, vec![(1, true), (2, true), (3, true)]);
+        drop(polled);
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     /// Two consumers that each hold their share of the ring (all of it, together) are never

@@ -376,12 +376,21 @@ impl ConsumerChannel {
     }
 
     /// Says whether we wait on the frame-ready eventfd (the producer writes it only then),
-    /// ordered before any later look at the delivery queue.
-    pub fn set_waiting(&self, on: bool) {
-        self.header()
-            .consumer_waits
-            .store(on as u32, Ordering::SeqCst);
+    /// ordered before any later look at the delivery queue: `0`, or how we wait
+    /// ([`crate::layout::WAITS_SLEEPING`], [`crate::layout::WAITS_POLLED`]).
+    pub fn set_waiting(&self, how: u32) {
+        let h = self.header();
+        if how == crate::layout::WAITS_SLEEPING {
+            h.sleep_cpu
+                .store(crate::layout::this_cpu(), Ordering::Relaxed);
+        }
+        h.consumer_waits.store(how, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// 1 + the CPU the producer's last wake-up ahead of a frame came from (0: none).
+    pub fn early_wake_cpu(&self) -> u32 {
+        self.header().early_wake_cpu.load(Ordering::Relaxed)
     }
 
     /// Whether a frame seems to be queued for us (a hint: [`Self::take`] checks).
@@ -771,11 +780,26 @@ mod tests {
         };
         p.deliver(e).unwrap();
         assert!(c.has_delivery());
-        // A consumer about to sleep says so; the producer then wakes it.
-        c.set_waiting(true);
+        // A consumer about to sleep says so; the producer then wakes it, ahead of a frame too.
+        // Not from the CPU it went to sleep on, where it would take the CPU from the producer.
+        c.set_waiting(crate::layout::WAITS_SLEEPING);
         assert!(p.consumer_waits());
-        c.set_waiting(false);
+        let slept_on = c.header().sleep_cpu.load(Ordering::Relaxed);
+        assert_ne!(slept_on, 0, "the CPU it sleeps on is told");
+        assert!(p.consumer_sleeps_off(slept_on + 1));
+        assert!(p.consumer_sleeps_off(0), "an unknown CPU is another one");
+        assert!(!p.consumer_sleeps_off(slept_on));
+        // The CPU such a wake-up came from reaches the consumer.
+        assert_eq!(c.early_wake_cpu(), 0);
+        p.set_early_wake_cpu(slept_on + 1);
+        assert_eq!(c.early_wake_cpu(), slept_on + 1);
+        // One whose event loop polls the doorbell is woken by deliveries only.
+        c.set_waiting(crate::layout::WAITS_POLLED);
+        assert!(p.consumer_waits());
+        assert!(!p.consumer_sleeps_off(slept_on + 1));
+        c.set_waiting(0);
         assert!(!p.consumer_waits());
+        assert!(!p.consumer_sleeps_off(slept_on + 1));
         assert_eq!(c.take().unwrap(), Some(e));
         assert!(!c.has_delivery());
         // A producer waiting for slots says so; the consumer then wakes it on release.

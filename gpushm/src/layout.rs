@@ -174,13 +174,23 @@ pub struct ClientHeader {
     pub copied: AtomicU64,
     /// Nonzero while the client waits (or is about to wait) on its frame-ready doorbell
     /// (client): the producer rings it after a delivery only then, so a client
-    /// busy with a backlog costs no system call per frame.
+    /// busy with a backlog costs no system call per frame. [`WAITS_SLEEPING`] while it sleeps
+    /// in a subscriber's wait, [`WAITS_POLLED`] while an event loop of the caller's polls the
+    /// doorbell: only the first is woken ahead of a frame.
     pub consumer_waits: AtomicU32,
     /// Nonzero while the producer waits for slots to come back (producer): the client rings
     /// the slot-released doorbell after a release only then. Otherwise the producer takes
     /// releases when it publishes, and at least every 100 ms.
     pub producer_waits: AtomicU32,
-    pub _reserved: [AtomicU64; 6],
+    /// 1 + the CPU the client last went to sleep on in a subscriber's wait (client; 0:
+    /// unknown). A unix socket's wake-up asks the scheduler to run the woken thread on the
+    /// waker's CPU: the producer wakes no client ahead of a frame from that CPU, where the
+    /// client would take the CPU from the producer's way to the frame.
+    pub sleep_cpu: AtomicU32,
+    /// 1 + the CPU the producer's last wake-up ahead of a frame came from (producer; 0:
+    /// none): a client woken there sleeps again rather than poll on the producer's CPU.
+    pub early_wake_cpu: AtomicU32,
+    pub _reserved: [AtomicU64; 5],
 }
 
 /// One frame handed to, or given back by, a client.
@@ -211,6 +221,20 @@ const _: () = assert!(offset_of!(ClientHeader, budget) == 56);
 const _: () = assert!(offset_of!(ClientHeader, revoked) == 60);
 const _: () = assert!(offset_of!(ClientHeader, copied) == 64);
 const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 72);
+const _: () = assert!(offset_of!(ClientHeader, sleep_cpu) == 80);
+const _: () = assert!(offset_of!(ClientHeader, early_wake_cpu) == 84);
+
+/// 1 + the CPU this thread runs on now (0: unknown), as [`ClientHeader::sleep_cpu`] and
+/// [`ClientHeader::early_wake_cpu`] hold it. A vDSO call, no system call.
+pub fn this_cpu() -> u32 {
+    nix::sched::sched_getcpu().map_or(0, |c| (c as u32).wrapping_add(1))
+}
+
+/// [`ClientHeader::consumer_waits`]: the client sleeps in a subscriber's wait for a frame.
+pub const WAITS_SLEEPING: u32 = 1;
+/// [`ClientHeader::consumer_waits`]: the caller's event loop polls the frame-ready doorbell
+/// (rung after every delivery, never ahead of one).
+pub const WAITS_POLLED: u32 = 2;
 const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 76);
 const _: () = assert!(offset_of!(SlotDesc, latency) == 152);
 const _: () = assert!(offset_of!(SlotDesc, tc_flags) == 160);

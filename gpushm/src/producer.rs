@@ -396,6 +396,23 @@ impl ClientChannel {
         self.header().consumer_waits.load(Ordering::Relaxed) != 0
     }
 
+    /// Whether the client sleeps in a subscriber's wait for a frame (not polling the doorbell
+    /// in an event loop of its own) and went to sleep on a CPU other than `cpu` (1 + the
+    /// CPU, see [`crate::layout::this_cpu`]): a wake-up from `cpu` ahead of a frame then ends
+    /// that sleep early without taking `cpu` from us. (A client that lies only misses or
+    /// gets such wake-ups.)
+    pub fn consumer_sleeps_off(&self, cpu: u32) -> bool {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let h = self.header();
+        h.consumer_waits.load(Ordering::Relaxed) == crate::layout::WAITS_SLEEPING
+            && (cpu == 0 || h.sleep_cpu.load(Ordering::Relaxed) != cpu)
+    }
+
+    /// Tells the client which CPU (1 + the CPU) a wake-up ahead of a frame comes from.
+    pub fn set_early_wake_cpu(&self, cpu: u32) {
+        self.header().early_wake_cpu.store(cpu, Ordering::Relaxed);
+    }
+
     /// Tells the client, before its slots are taken back, that its frames are no longer its
     /// own.
     pub fn mark_revoked(&self) {

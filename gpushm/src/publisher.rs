@@ -170,7 +170,15 @@ pub struct Stats {
     /// ended asleep all the same.
     pub spin_caught: u64,
     pub spin_missed: u64,
+    /// Wake-ups rung ahead of a frame ([`Publisher::wake_early`]), one per sleeping client.
+    pub woken_early: u64,
 }
+
+/// How long since the last frame [`Publisher::wake_early`] waits before it wakes clients
+/// ahead of a frame: a core idle for less is quick to wake (a few µs), one idle for a
+/// millisecond or more takes tens of µs (60-80 on the H100 machine). Streams of up to 2000
+/// frames a second are woken early; faster ones are not.
+pub const WAKE_EARLY_GAP: Duration = Duration::from_micros(500);
 
 #[derive(Debug, Clone)]
 pub struct ClientStats {
@@ -384,6 +392,10 @@ struct Inner<P> {
     admission: Admission,
     started: Instant,
     rate: RateMeter,
+    /// When the last frame was published (CLOCK_MONOTONIC ns; 0: none yet).
+    last_publish_ns: u64,
+    /// The frame (its seq) that [`Publisher::wake_early`] woke clients for last.
+    woken_early_for: u64,
     /// The last Report built, sent again to queries within [`REPORT_INTERVAL`].
     report: Option<(Instant, Arc<StreamReport>)>,
 }
@@ -659,6 +671,8 @@ impl<P: Send + 'static> Publisher<P> {
                     count: 0,
                     last: 0.0,
                 },
+                last_publish_ns: 0,
+                woken_early_for: 0,
                 report: None,
             }),
             config,
@@ -1012,6 +1026,46 @@ impl<P: Send + 'static> Publisher<P> {
     }
 
     /// A new stream starts (flush or restart after EOS).
+    /// Wakes the clients that sleep until a frame comes, ahead of the next frame: called as
+    /// it starts its last steps to [`Self::publish_frame`] (gpushmsink: as it reaches the sink
+    /// pad, or render() after GstBaseSink's clock wait), so that their wake-up, which takes
+    /// tens of µs on a core that idled, runs while those steps do instead of after them.
+    ///
+    /// A client quicker than those steps finds no frame yet and sleeps again until the
+    /// frame's own wake-up (it loses nothing, and no frame is later than without this); one
+    /// still asleep when the frame is published is woken twice and takes it on the first.
+    /// So it is done only after a gap of [`WAKE_EARLY_GAP`] since the last frame (the cores
+    /// of a faster stream do not idle deep, and the second wake-up is a system call more per
+    /// frame and client), for clients that sleep in a subscriber's wait (not those polling
+    /// the doorbell in an event loop, which would see it readable for nothing), and at most
+    /// once per frame. Never blocks: the doorbells are rung without our lock held.
+    pub fn wake_early(&self) {
+        let mut wake: Vec<Arc<shm::Doorbell>> = Vec::new();
+        {
+            let mut guard = lock(&self.inner);
+            let inner = &mut *guard;
+            if inner.woken_early_for == inner.next_seq {
+                return;
+            }
+            inner.woken_early_for = inner.next_seq;
+            let gap = crate::monotonic_ns().saturating_sub(inner.last_publish_ns);
+            if inner.last_publish_ns != 0 && gap < WAKE_EARLY_GAP.as_nanos() as u64 {
+                return;
+            }
+            let cpu = crate::layout::this_cpu();
+            for c in inner.clients.iter().filter(|c| !c.closed) {
+                if c.ch.consumer_sleeps_off(cpu) {
+                    c.ch.set_early_wake_cpu(cpu);
+                    wake.push(c.ready.clone());
+                }
+            }
+            inner.stats.woken_early += wake.len() as u64;
+        }
+        for d in wake {
+            d.ring();
+        }
+    }
+
     pub fn clear_eos(&self) {
         lock(&self.inner).eos = false;
     }
@@ -1289,6 +1343,7 @@ impl<P: Send + 'static> Publisher<P> {
         inner.rings[ri].ring.publish(slot, seq, &meta);
         inner.stats.frames_sent += 1;
         inner.rate.tick(meta.publish_ns);
+        inner.last_publish_ns = meta.publish_ns;
         let entry = Entry {
             seq,
             ring_gen,
@@ -2528,6 +2583,13 @@ impl FramePublisher {
     /// Consumers connected now.
     pub fn num_clients(&self) -> usize {
         self.engine.num_clients()
+    }
+
+    /// Wakes the consumers that sleep until a frame comes, ahead of the next one: call it
+    /// when a frame is a few µs from [`Self::publish`] (its last step starts), so that their
+    /// wake-up runs meanwhile. See [`Publisher::wake_early`] for when it wakes nobody.
+    pub fn wake_early(&self) {
+        self.engine.wake_early();
     }
 
     /// Whether frames go into GPU memory ([`Self::new_on_device`]).

@@ -74,6 +74,7 @@ const DEFAULT_MAX_CLIENTS: u32 = 64;
 const DEFAULT_ALLOW_WRITABLE_RING: bool = false;
 /// Slot size for caps other than raw video (encoded video, audio, RTP, data).
 const DEFAULT_MAX_BUFFER_SIZE: u32 = 1 << 20;
+const DEFAULT_WAKE_EARLY: bool = true;
 
 /// Caps travel in one control message.
 const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
@@ -172,6 +173,8 @@ pub struct GpuShmSink {
     latency: AtomicU64,
     /// See `chain`.
     direct: Direct,
+    /// wake-early, read on the way of each frame without the settings' lock.
+    wake_early: AtomicBool,
 }
 
 /// The direct way of a buffer from the sink pad to render(), around GstBaseSink's chain
@@ -211,6 +214,7 @@ impl Default for GpuShmSink {
             clock_kind: Mutex::new(None),
             latency: AtomicU64::new(0),
             direct: Direct::default(),
+            wake_early: AtomicBool::new(DEFAULT_WAKE_EARLY),
         }
     }
 }
@@ -222,6 +226,19 @@ impl GpuShmSink {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+    /// wake-early: wakes the consumers that sleep waiting for a frame, as one comes (see
+    /// [`Server::wake_early`]).
+    fn wake_early(&self) {
+        if !self.wake_early.load(Ordering::Relaxed) {
+            return;
+        }
+        let server = match &*self.state() {
+            State::Started { server, .. } => server.clone(),
+            _ => return,
+        };
+        server.wake_early();
+    }
+
     fn server(&self) -> Option<Arc<Server>> {
         match &*self.state() {
             State::Started { server, .. } => Some(server.clone()),
@@ -265,6 +282,7 @@ impl GpuShmSink {
                 .field("times-lagged", 0u64)
                 .field("spin-caught", 0u64)
                 .field("spin-missed", 0u64)
+                .field("woken-early", 0u64)
                 .field("clients", gst::Array::new(Vec::<gst::Structure>::new()))
                 .build();
         };
@@ -306,6 +324,7 @@ impl GpuShmSink {
             .field("times-lagged", s.times_lagged)
             .field("spin-caught", s.spin_caught)
             .field("spin-missed", s.spin_missed)
+            .field("woken-early", s.woken_early)
             .field("clients", gst::Array::new(clients))
             .build()
     }
@@ -870,6 +889,8 @@ impl GpuShmSink {
             && !self.direct.eos.load(Ordering::Relaxed)
             && self.direct_allowed()
         {
+            // No clock wait on this way: the frame is on its way to consumers now.
+            self.wake_early();
             // SAFETY: the preroll lock is GstBaseSink's own mutex, taken and released here
             // as its chain function does; the fields read under it are the ones it guards.
             unsafe {
@@ -1276,6 +1297,12 @@ impl ObjectImpl for GpuShmSink {
                     .mutable_playing()
                     .build(),
                 crate::cpu_latency::param_spec(),
+                glib::ParamSpecBoolean::builder("wake-early")
+                    .nick("Wake consumers early")
+                    .blurb("Wake consumers that sleep waiting for a frame as it reaches the sink (after the clock wait with sync), rather than once it is published, so that their wake-up (tens of µs on a core that idled) runs while the sink publishes it: about 10 µs less latency per hop. Only after 0.5 ms or more without a frame (streams up to 2000 fps): a consumer woken before the frame is published sleeps again until it is, and one not yet awake is woken twice. Counted in stats as woken-early")
+                    .default_value(DEFAULT_WAKE_EARLY)
+                    .mutable_playing()
+                    .build(),
                 glib::ParamSpecUInt::builder("client-budget")
                     .nick("Client budget")
                     .blurb("Slots one consumer may reference at once (0 = half the slots). gpushmsrc keeps fewer than this zero-copy and copies further frames into system memory (counted as frames-copied), so downstream elements that keep frames (encoders, queues, sinks keeping their last buffer) never stall the stream. The other consumers always keep slots to run on")
@@ -1354,6 +1381,9 @@ impl ObjectImpl for GpuShmSink {
             "client-budget" => s.client_budget = value.get().expect("type checked"),
             "spin-us" => s.spin_us = value.get().expect("type checked"),
             "cpu-latency-us" => s.cpu_latency_us = value.get().expect("type checked"),
+            "wake-early" => self
+                .wake_early
+                .store(value.get().expect("type checked"), Ordering::Relaxed),
             "max-clients" => s.max_clients = value.get().expect("type checked"),
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
             "max-buffer-size" => s.max_buffer_size = value.get().expect("type checked"),
@@ -1387,6 +1417,7 @@ impl ObjectImpl for GpuShmSink {
             "client-budget" => self.settings().client_budget.to_value(),
             "spin-us" => self.settings().spin_us.to_value(),
             "cpu-latency-us" => self.settings().cpu_latency_us.to_value(),
+            "wake-early" => self.wake_early.load(Ordering::Relaxed).to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
             "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
             "max-buffer-size" => self.settings().max_buffer_size.to_value(),
@@ -1708,6 +1739,9 @@ impl BaseSinkImpl for GpuShmSink {
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
         #[cfg(feature = "stages")]
         let render_ns = crate::ring::monotonic_ns();
+        // GstBaseSink's way: the clock wait is behind us. (Once per frame: the direct way
+        // woke them already.)
+        self.wake_early();
         let start = buffer.dts().or(buffer.pts());
         self.note_position(
             start,
