@@ -23,7 +23,8 @@
 //! gpushm, gpushm with spin-us on gpushmsink and gpushmsrc, and shm),
 //! `bench gpu` (the cudasum table, with the pre-rendered producer),
 //! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
-//! gpushm in low-latency mode (gpushmsrc spin-us) and shm, with medians, CPU share of each
+//! gpushm with gpushmsink wake-early=false, gpushm in low-latency mode (gpushmsrc spin-us) and
+//! shm, with medians, CPU share of each
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
 //! producer and the consumer, end to end; `--cpu-latency-us N` adds gpushm in low-latency mode
 //! with gpushmsink and gpushmsrc asking the kernel to keep the CPUs in idle states that wake

@@ -343,6 +343,17 @@ gpushm_status gpushm_slot_discard(gpushm_slot *slot);
 // Tells every consumer the stream ended (they get GPUSHM_EOS after the frames before).
 gpushm_status gpushm_publisher_send_eos(gpushm_publisher *publisher);
 
+// Wakes the consumers that sleep waiting for a frame, ahead of the next one: call it a few
+// µs before `gpushm_publisher_publish` (as the frame's last step starts), so that their
+// wake-up (tens of µs on a core that idled) runs meanwhile. Once per frame; it wakes nobody
+// less than 0.5 ms after the last frame, nor a consumer that went to sleep on this thread's
+// CPU, nor one whose event loop polls `gpushm_subscriber_fd`. Never blocks.
+gpushm_status gpushm_publisher_wake_early(gpushm_publisher *publisher);
+
+// Consumers woken ahead of a frame by `gpushm_publisher_wake_early` so far, one per consumer
+// and frame.
+gpushm_status gpushm_publisher_woken_early(gpushm_publisher *publisher, uint64_t *count);
+
 // Consumers connected now.
 gpushm_status gpushm_publisher_num_clients(gpushm_publisher *publisher, uint32_t *count);
 

@@ -112,6 +112,10 @@ static int produce(const char *sock, int n, int eos)
     /* CAPI_TEST_PUB_SPIN_US: the low-latency mode of the publisher's wait. */
     const char *spin = getenv("CAPI_TEST_PUB_SPIN_US");
     o.spin_us = spin ? (uint32_t)strtoul(spin, NULL, 10) : 0;
+    /* CAPI_TEST_WAKE_EARLY_MS: a frame every that many ms, its consumers woken ahead of it
+     * (gpushm_publisher_wake_early) as its slot is acquired. */
+    const char *early = getenv("CAPI_TEST_WAKE_EARLY_MS");
+    long early_ms = early ? strtol(early, NULL, 10) : 0;
     gpushm_publisher *p = NULL;
     if ((strncmp(sock, "stream:", 7) ? gpushm_publisher_open(sock, &o, &p)
                                      : gpushm_publisher_open_stream(sock + 7, &o, &p)) != GPUSHM_OK) {
@@ -128,6 +132,12 @@ static int produce(const char *sock, int n, int eos)
     }
     CHECK(clients > 0, "no consumer came");
     for (int i = 0; i < n && !failures; i++) {
+        if (early_ms > 0) {
+            struct timespec gap = {early_ms / 1000, (early_ms % 1000) * 1000000};
+            nanosleep(&gap, NULL);
+            CHECK(gpushm_publisher_wake_early(p) == GPUSHM_OK, "wake_early: %s",
+                  gpushm_last_error());
+        }
         gpushm_slot *slot = NULL;
         gpushm_status st = gpushm_publisher_acquire(p, 5000000000ll, &slot);
         CHECK(st == GPUSHM_OK, "acquire frame %d: %d", i, st);
@@ -146,7 +156,10 @@ static int produce(const char *sock, int n, int eos)
         st = gpushm_publisher_publish(p, slot, 0);
         CHECK(st == GPUSHM_OK, "publish frame %d: %d", i, st);
     }
-    printf("DONE\n");
+    uint64_t woken = 0;
+    CHECK(gpushm_publisher_woken_early(p, &woken) == GPUSHM_OK, "woken_early");
+    CHECK(gpushm_publisher_woken_early(p, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "woken_early(NULL)");
+    printf("DONE woken_early=%llu\n", (unsigned long long)woken);
     fflush(stdout);
     if (eos) {
         gpushm_publisher_send_eos(p);

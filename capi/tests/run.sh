@@ -105,7 +105,23 @@ wait "${pids[-1]}" || fail "the C producer (spin_us) failed: $(cat "$work/produc
 cmp "$work/got.raw" "$work/want.raw" || fail "spin_us: gpushmsrc got other bytes than the C producer published"
 say "C producer spin_us=2000 -> gpushmsrc: 30 frames equal"
 
-# 2b. Stream names: the C producer as stream c-cam read by gpushmsrc stream=c-cam, and a
+# 2b. gpushm_publisher_wake_early: the C producer (a frame every 20 ms) on CPU 0 wakes a
+# lossless gpushmsrc asleep on CPU 1 ahead of each frame (one asleep on the producer's CPU is
+# never woken early): most frames woken for, every frame the same.
+command -v taskset > /dev/null || fail "taskset (util-linux) is needed to pin the wake_early test"
+sock=$work/cprodwake.sock; rm -f "$sock"
+CAPI_TEST_WAKE_EARLY_MS=20 taskset -c 0 "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
+grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
+taskset -c 1 gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+wait "${pids[-1]}" || fail "the C producer (wake_early) failed: $(cat "$work/producer.log")"
+cmp "$work/got.raw" "$work/want.raw" || fail "wake_early: gpushmsrc got other bytes than the C producer published"
+woken=$(sed -n 's/^DONE woken_early=//p' "$work/producer.log")
+[ "${woken:-0}" -ge 15 ] && [ "$woken" -le 30 ] || fail "wake_early: $woken of 30 frames woken for early: $(cat "$work/producer.log")"
+say "C producer wake_early -> gpushmsrc: 30 frames equal, $woken woken for early"
+
+# 2c. Stream names: the C producer as stream c-cam read by gpushmsrc stream=c-cam, and a
 # gst-launch producer as stream gl-cam read by the C consumer (both in GPUSHM_RUNTIME_DIR).
 export GPUSHM_RUNTIME_DIR=$work/run; mkdir -p "$GPUSHM_RUNTIME_DIR"
 c_producer stream:c-cam 30 eos

@@ -343,6 +343,24 @@ impl Publisher {
         Ok((st.spin_caught, st.spin_missed))
     }
 
+    /// Wakes the consumers that sleep waiting for a frame (gpushmsrc, C and Rust subscribers),
+    /// ahead of the next frame: call it a few µs before `publish` (as the frame's last step
+    /// starts), so that their wake-up (tens of µs on a core that idled) runs meanwhile. Once
+    /// per frame; it wakes nobody less than 0.5 ms after the last frame, nor a consumer that
+    /// went to sleep on this thread's CPU, nor one polled by an event loop (a Python
+    /// `Subscriber` always is, through its `fileno()`). A consumer woken before the frame is
+    /// published waits for it as usual.
+    fn wake_early(&self) -> PyResult<()> {
+        self.engine()?.wake_early();
+        Ok(())
+    }
+
+    /// Consumers woken ahead of a frame by `wake_early`, one per consumer and frame.
+    #[getter]
+    fn woken_early(&self) -> PyResult<u64> {
+        Ok(self.engine()?.stats().0.woken_early)
+    }
+
     /// Tells every consumer that no frame follows.
     fn send_eos(&self) -> PyResult<()> {
         self.engine()?.send_eos();

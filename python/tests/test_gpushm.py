@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpushm
-from conftest import checksums, wait_for
+from conftest import checksums, gst_env, wait_for
 
 FORMATS = ["I420", "NV12", "RGBA", "GRAY8"]
 
@@ -272,6 +272,49 @@ def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock)
     assert got == [i % 251 for i in range(n)]
     assert caught >= 1, f"no wait ended while polling ({caught}, {missed})"
     assert caught + missed <= n, "one poll a frame at most"
+
+
+def test_wake_early_wakes_gpushmsrc_asleep_on_another_cpu_and_loses_nothing(sock):
+    """Publisher.wake_early() wakes a gpushmsrc asleep on another CPU ahead of each frame,
+    once per frame however often called; every frame still arrives, byte for byte. (A Python
+    subscriber, whose fileno() is always armed, is never woken early.)"""
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"this test needs two CPUs, it may use {cpus}"
+    frames = [np.full(64 * 48, i + 1, dtype=np.uint8) for i in range(4)]
+    try:
+        os.sched_setaffinity(0, {cpus[1]})
+        with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=30) as pub:
+            p = subprocess.Popen(
+                ["gst-launch-1.0", "-q", *f"gpushmsrc socket-path={sock} mode=lossless ! checksumsink".split()],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=gst_env(),
+                preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}),
+            )
+            try:
+                deadline = time.monotonic() + 10
+                while pub.num_clients == 0:
+                    assert time.monotonic() < deadline, "gpushmsrc never connected"
+                    time.sleep(0.01)
+                for f in frames:
+                    # gpushmsrc is asleep waiting for the frame.
+                    time.sleep(0.2)
+                    pub.wake_early()
+                    pub.wake_early()
+                    pub.publish(f)
+                pub.send_eos()
+                out, _ = p.communicate(timeout=30)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+            woken = pub.woken_early
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert p.returncode == 0, out
+    assert checksums(out) == [hashlib.sha1(f.tobytes()).hexdigest() for f in frames], out
+    assert woken == len(frames), f"{woken} early wake-ups for {len(frames)} frames"
 
 
 def test_a_slot_is_never_written_once_published(sock):
