@@ -875,9 +875,10 @@ impl Connection {
         warm_up: &mut dyn FnMut(),
     ) -> Result<Wait> {
         if self.spin.is_zero() {
+            let start = Instant::now();
             let r = self.wait_blocking(wake, timeout)?;
             if r == Wait::Ready {
-                self.poll_after_early_wake(timeout);
+                self.poll_after_early_wake(timeout.map(|t| t.saturating_sub(start.elapsed())));
             }
             return Ok(r);
         }
@@ -929,9 +930,9 @@ impl Connection {
                     return Ok(Some(Wait::TimedOut))
                 }
                 Wait::TimedOut => {}
-                // Rung ahead of a frame (the producer's wake-early, or a frame just
-                // taken back): the frame is on its way, poll for it from now.
-                Wait::Ready if !self.socket_ready && !self.releaser.ch.has_delivery() => {}
+                // Rung ahead of a frame (the producer's wake-early), from another CPU: the
+                // frame is on its way, poll for it from now.
+                Wait::Ready if self.woken_early_elsewhere() => {}
                 // A frame came early, news on the socket, or woken.
                 r => return Ok(Some(r)),
             }
@@ -977,16 +978,10 @@ impl Connection {
     /// µs on machines where the first took longer than the producer's way to the publish.
     #[link_section = ".text.hot.gpushm"]
     fn poll_after_early_wake(&mut self, timeout: Option<Duration>) {
+        if !self.early_poll || !self.woken_early_elsewhere() {
+            return;
+        }
         let ch = &self.releaser.ch;
-        if !self.early_poll || self.socket_ready || ch.has_delivery() {
-            return;
-        }
-        // Woken on the producer's CPU (the scheduler's choice for a socket's wake-up): polling
-        // there would keep the producer from publishing. Sleep again.
-        let here = crate::layout::this_cpu();
-        if here == 0 || here == ch.early_wake_cpu() {
-            return;
-        }
         self.early_poll = false;
         let end = Instant::now() + timeout.map_or(EARLY_WAKE_POLL, |t| t.min(EARLY_WAKE_POLL));
         while !ch.has_delivery() && Instant::now() < end {
@@ -994,6 +989,20 @@ impl Connection {
                 std::hint::spin_loop();
             }
         }
+    }
+
+    /// Whether the last sleep (in a subscriber's wait, not an event loop's) was ended by the
+    /// producer ringing ahead of a frame, from another CPU than ours, and nothing is there
+    /// yet: polling then costs the producer nothing. Woken on the producer's CPU (the
+    /// scheduler's choice for a socket's wake-up) we would keep it from publishing.
+    fn woken_early_elsewhere(&self) -> bool {
+        let ch = &self.releaser.ch;
+        let from = ch.early_wake_cpu();
+        from != 0
+            && !self.always_wake.load(Ordering::Relaxed)
+            && !self.socket_ready
+            && !ch.has_delivery()
+            && crate::layout::this_cpu() != from
     }
 
     /// Sleeps on the descriptors until a frame may be ready, the socket has news, `wake`

@@ -381,8 +381,11 @@ impl ConsumerChannel {
     pub fn set_waiting(&self, how: u32) {
         let h = self.header();
         if how == crate::layout::WAITS_SLEEPING {
+            // Where this sleep is, and no early wake-up for it yet (what an earlier sleep was
+            // told must not make this one poll).
             h.sleep_cpu
                 .store(crate::layout::this_cpu(), Ordering::Relaxed);
+            h.early_wake_cpu.store(0, Ordering::Relaxed);
         }
         h.consumer_waits.store(how, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -787,7 +790,7 @@ mod tests {
         let slept_on = c.header().sleep_cpu.load(Ordering::Relaxed);
         assert_ne!(slept_on, 0, "the CPU it sleeps on is told");
         assert!(p.consumer_sleeps_off(slept_on + 1));
-        assert!(p.consumer_sleeps_off(0), "an unknown CPU is another one");
+        assert!(!p.consumer_sleeps_off(0), "no wake-up from an unknown CPU");
         assert!(!p.consumer_sleeps_off(slept_on));
         // The CPU such a wake-up came from reaches the consumer.
         assert_eq!(c.early_wake_cpu(), 0);

@@ -404,8 +404,11 @@ impl ClientChannel {
     pub fn consumer_sleeps_off(&self, cpu: u32) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
         let h = self.header();
-        h.consumer_waits.load(Ordering::Relaxed) == crate::layout::WAITS_SLEEPING
-            && (cpu == 0 || h.sleep_cpu.load(Ordering::Relaxed) != cpu)
+        let slept_on = h.sleep_cpu.load(Ordering::Acquire);
+        h.consumer_waits.load(Ordering::Acquire) == crate::layout::WAITS_SLEEPING
+            && cpu != 0
+            && slept_on != 0
+            && slept_on != cpu
     }
 
     /// Tells the client which CPU (1 + the CPU) a wake-up ahead of a frame comes from.

@@ -1025,15 +1025,17 @@ impl<P: Send + 'static> Publisher<P> {
         self.emit(events);
     }
 
-    /// A new stream starts (flush or restart after EOS).
     /// Wakes the clients that sleep until a frame comes, ahead of the next frame: called as
     /// it starts its last steps to [`Self::publish_frame`] (gpushmsink: as it reaches the sink
     /// pad, or render() after GstBaseSink's clock wait), so that their wake-up, which takes
     /// tens of µs on a core that idled, runs while those steps do instead of after them.
     ///
-    /// A client quicker than those steps finds no frame yet and sleeps again until the
-    /// frame's own wake-up (it loses nothing, and no frame is later than without this); one
-    /// still asleep when the frame is published is woken twice and takes it on the first.
+    /// A client quicker than those steps finds no frame yet and polls the ring for it (at
+    /// most [`crate::client::EARLY_WAKE_POLL`], once per frame; it sleeps again if it woke
+    /// on our CPU) until the frame comes or its own wake-up does (it loses nothing, and no
+    /// frame is later than without this); one still asleep when the frame is published is
+    /// woken twice and takes it on the first. Clients older than this wake-up (they say
+    /// nothing of their CPU) are never woken early.
     /// So it is done only after a gap of [`WAKE_EARLY_GAP`] since the last frame (the cores
     /// of a faster stream do not idle deep, and the second wake-up is a system call more per
     /// frame and client), for clients that sleep in a subscriber's wait (not those polling
@@ -1066,6 +1068,7 @@ impl<P: Send + 'static> Publisher<P> {
         }
     }
 
+    /// A new stream starts (flush or restart after EOS).
     pub fn clear_eos(&self) {
         lock(&self.inner).eos = false;
     }

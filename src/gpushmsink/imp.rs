@@ -889,8 +889,6 @@ impl GpuShmSink {
             && !self.direct.eos.load(Ordering::Relaxed)
             && self.direct_allowed()
         {
-            // No clock wait on this way: the frame is on its way to consumers now.
-            self.wake_early();
             // SAFETY: the preroll lock is GstBaseSink's own mutex, taken and released here
             // as its chain function does; the fields read under it are the ones it guards.
             unsafe {
@@ -902,6 +900,8 @@ impl GpuShmSink {
                     && (*bs).have_newsegment != 0
                     && (*bs).segment.format == gst::ffi::GST_FORMAT_TIME;
                 if ready {
+                    // No clock wait on this way: the frame is on its way to consumers now.
+                    self.wake_early();
                     let r = match self.clip_direct(&mut (*bs).segment, &buffer) {
                         true => self.render(&buffer),
                         // Out of the segment: dropped, as GstBaseSink does.
@@ -1299,7 +1299,7 @@ impl ObjectImpl for GpuShmSink {
                 crate::cpu_latency::param_spec(),
                 glib::ParamSpecBoolean::builder("wake-early")
                     .nick("Wake consumers early")
-                    .blurb("Wake consumers that sleep waiting for a frame as it reaches the sink (after the clock wait with sync), rather than once it is published, so that their wake-up (tens of µs on a core that idled) runs while the sink publishes it: about 10 µs less latency per hop. Only after 0.5 ms or more without a frame (streams up to 2000 fps): a consumer woken before the frame is published sleeps again until it is, and one not yet awake is woken twice. Counted in stats as woken-early")
+                    .blurb("Wake consumers that sleep waiting for a frame as it reaches the sink (after the clock wait with sync), rather than once it is published, so that their wake-up (tens of µs on a core that idled) runs while the sink publishes it: about 10 µs less latency per hop. Only after 0.5 ms or more without a frame (streams up to 2000 fps), and never a consumer that went to sleep on the sink's CPU (the woken thread would take that CPU from the frame): a consumer woken before the frame is published polls for it (at most 100 µs), one not yet awake is woken twice. Counted in stats as woken-early")
                     .default_value(DEFAULT_WAKE_EARLY)
                     .mutable_playing()
                     .build(),
