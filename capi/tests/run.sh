@@ -105,16 +105,18 @@ wait "${pids[-1]}" || fail "the C producer (spin_us) failed: $(cat "$work/produc
 cmp "$work/got.raw" "$work/want.raw" || fail "spin_us: gpushmsrc got other bytes than the C producer published"
 say "C producer spin_us=2000 -> gpushmsrc: 30 frames equal"
 
-# 2b. gpushm_publisher_wake_early: the C producer (a frame every 20 ms) on CPU 0 wakes a
-# lossless gpushmsrc asleep on CPU 1 ahead of each frame (one asleep on the producer's CPU is
+# 2b. gpushm_publisher_wake_early: the C producer (a frame every 20 ms) on one CPU wakes a
+# lossless gpushmsrc asleep on another ahead of each frame (one asleep on the producer's CPU is
 # never woken early): most frames woken for, every frame the same.
 command -v taskset > /dev/null || fail "taskset (util-linux) is needed to pin the wake_early test"
+read -r cpu_a cpu_b < <(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
+[ -n "$cpu_b" ] || fail "the wake_early test needs two CPUs, this may use only $cpu_a"
 sock=$work/cprodwake.sock; rm -f "$sock"
-CAPI_TEST_WAKE_EARLY_MS=20 taskset -c 0 "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
+CAPI_TEST_WAKE_EARLY_MS=20 taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
 grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
-taskset -c 1 gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
 wait "${pids[-1]}" || fail "the C producer (wake_early) failed: $(cat "$work/producer.log")"
 cmp "$work/got.raw" "$work/want.raw" || fail "wake_early: gpushmsrc got other bytes than the C producer published"
 woken=$(sed -n 's/^DONE woken_early=//p' "$work/producer.log")

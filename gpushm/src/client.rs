@@ -394,6 +394,8 @@ pub(crate) struct Connection {
     /// A wake-up that finds no frame may poll for it ([`EARLY_WAKE_POLL`]): once per frame
     /// taken, so that a producer that rings for nothing costs us one poll a frame at most.
     early_poll: bool,
+    /// Those polls: frames they caught, and polls that ended without one.
+    early_stats: SpinStats,
 }
 
 /// How a subscriber's low-latency mode ([`ConnectOptions::spin`]) fares: tune the budget by
@@ -620,6 +622,7 @@ impl Connection {
             },
             spin_stats: SpinStats::default(),
             early_poll: true,
+            early_stats: SpinStats::default(),
         };
         c.pump()?;
         Ok(c)
@@ -989,6 +992,11 @@ impl Connection {
                 std::hint::spin_loop();
             }
         }
+        if ch.has_delivery() {
+            self.early_stats.caught += 1;
+        } else {
+            self.early_stats.missed += 1;
+        }
     }
 
     /// Whether the last sleep (in a subscriber's wait, not an event loop's) was ended by the
@@ -1047,6 +1055,10 @@ impl Connection {
 
     pub fn spin_stats(&self) -> SpinStats {
         self.spin_stats
+    }
+
+    pub fn early_polls(&self) -> SpinStats {
+        self.early_stats
     }
 
     /// The frame-ready doorbell, for the caller's own poll: from now on the producer writes
@@ -1435,6 +1447,14 @@ impl Subscriber {
         self.conn.spin_stats()
     }
 
+    /// The polls run after the producer woke us ahead of a frame
+    /// ([`crate::publisher::Publisher::wake_early`]) while it was not published yet, without
+    /// the low-latency mode (with it, they count in [`Self::spin_stats`]): frames they caught,
+    /// and polls that ended without one (each cost up to [`EARLY_WAKE_POLL`]).
+    pub fn early_polls(&self) -> SpinStats {
+        self.conn.early_polls()
+    }
+
     /// Interrupts [`Self::next_frame`] from another thread.
     pub fn waker(&self) -> Waker {
         Waker(self.wake.clone())
@@ -1782,12 +1802,13 @@ mod tests {
         let consumer = std::thread::spawn(move || {
             pin(a);
             tx.send(nix::unistd::gettid().as_raw()).unwrap();
-            (1..=3u8)
+            let got = (1..=3u8)
                 .map(|v| {
                     let f = take(&mut sub);
                     (f.seq, filled_with(&f, v))
                 })
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+            (got, sub.early_polls())
         });
         let tid = rx.recv().unwrap();
         pin(b);
@@ -1815,9 +1836,94 @@ mod tests {
         cam.wake_early();
         assert_eq!(woken(), 2, "one wake-up ahead of frame 3");
         publish(&cam, 3);
-        let got = consumer.join().unwrap();
+        let (got, polls) = consumer.join().unwrap();
         assert_eq!(got, vec![(1, true), (2, true), (3, true)]);
+        // Woken ahead of frame 1, it polled for it (in vain: frame 1 came after it slept
+        // again), and at most once more, for frame 3.
+        assert!(
+            polls.missed >= 1 && polls.caught + polls.missed <= 2,
+            "{polls:?}"
+        );
         drop(polled);
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// In the low-latency mode, a wake-up ahead of a frame that ends the sleep before the poll
+    /// (the frame comes well before its cadence says) starts the poll at once: the frame is
+    /// caught polling, not by a second wake-up.
+    #[test]
+    fn spin_mode_polls_at_once_when_woken_ahead_of_an_early_frame() {
+        let (a, b) = two_cpus();
+        let dir = scratch("wake-early-spin");
+        let cam = camera(&dir, 8);
+        let opts = ConnectOptions {
+            mode: Delivery::Lossless,
+            spin: Duration::from_millis(20),
+            ..Default::default()
+        };
+        let mut sub = Subscriber::connect(&dir.join("cam"), opts).unwrap();
+        until("the client", || cam.num_clients() == 1);
+        const N: u8 = 8;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let consumer = std::thread::spawn(move || {
+            pin(a);
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            (1..=N + 1)
+                .map(|v| {
+                    let f = take(&mut sub);
+                    (filled_with(&f, v), sub.spin_stats())
+                })
+                .collect::<Vec<_>>()
+        });
+        let tid = rx.recv().unwrap();
+        pin(b);
+        // A cadence of 100 ms, learnt.
+        for v in 1..=N {
+            std::thread::sleep(Duration::from_millis(100));
+            publish(&cam, v);
+        }
+        // The next frame 30 ms after the last: the subscriber sleeps until 10 ms before the
+        // 100 ms are up; woken ahead of the frame, it polls from now (20 ms at most).
+        std::thread::sleep(Duration::from_millis(30));
+        until("the subscriber to sleep before its poll", || sleeping(tid));
+        cam.wake_early();
+        std::thread::sleep(Duration::from_millis(2));
+        publish(&cam, N + 1);
+        let got = consumer.join().unwrap();
+        assert!(got.iter().all(|g| g.0), "a frame with other contents");
+        let (before, after) = (got[N as usize - 1].1, got[N as usize].1);
+        assert_eq!(cam.stats().0.woken_early, 1);
+        assert_eq!(
+            after.caught,
+            before.caught + 1,
+            "the early frame was not caught polling: {before:?} then {after:?}"
+        );
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    /// A subscriber polled by an event loop (`poll_fds`) is rung after every delivery; one it
+    /// took without waiting leaves its doorbell readable. The wait after that returns at once
+    /// and must not poll the ring as after an early wake-up (it used to, 100 µs a frame).
+    #[test]
+    fn an_event_loop_subscriber_never_polls_after_a_leftover_wake_up() {
+        let dir = scratch("leftover");
+        let cam = camera(&dir, 8);
+        let mut sub = connect(&dir, true);
+        let _ = sub.poll_fds();
+        until("the client", || cam.num_clients() == 1);
+        publish(&cam, 1);
+        publish(&cam, 2);
+        assert!(filled_with(&take(&mut sub), 1));
+        assert!(filled_with(&take(&mut sub), 2));
+        // The doorbell still says "ready" for frames taken already.
+        assert!(matches!(
+            sub.next_frame(Some(Duration::from_millis(50))),
+            Err(Error::Timeout(_))
+        ));
+        assert_eq!(sub.early_polls(), SpinStats::default());
+        drop(sub);
         drop(cam);
         std::fs::remove_dir_all(&dir).ok();
     }
