@@ -48,8 +48,10 @@ pub struct Subscriber {
     poll: nix::sys::epoll::Epoll,
     timeout: Option<Duration>,
     cuda_device: i32,
-    /// The descriptors in `poll`.
-    fds: [std::os::fd::RawFd; 2],
+    /// The connection's descriptors, in `poll` from the first `fileno()` on (until then the
+    /// producer rings this subscriber only while it waits, and ahead of frames: its
+    /// wake-early).
+    fds: Mutex<Option<[std::os::fd::RawFd; 2]>>,
 }
 
 impl Subscriber {
@@ -139,16 +141,7 @@ impl Subscriber {
             .map_err(to_py)?;
         let poll = nix::sys::epoll::Epoll::new(nix::sys::epoll::EpollCreateFlags::EPOLL_CLOEXEC)
             .map_err(|e| Error::new_err(format!("epoll_create: {e}")))?;
-        let fds = sub.poll_fds();
-        for fd in fds {
-            // SAFETY: the subscriber owns fd and lives as long as the epoll set.
-            let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            poll.add(
-                bfd,
-                nix::sys::epoll::EpollEvent::new(nix::sys::epoll::EpollFlags::EPOLLIN, fd as u64),
-            )
-            .map_err(|e| Error::new_err(format!("epoll_ctl: {e}")))?;
-        }
+        let fds = Mutex::new(None);
         Ok(Self {
             inner: Mutex::new(Some(sub)),
             waker,
@@ -183,9 +176,35 @@ impl Subscriber {
 
     /// A descriptor that is readable when a frame (or news from the producer) may be waiting:
     /// for `selectors` and `asyncio` (`loop.add_reader(sub.fileno(), ...)`); then call
-    /// `next_frame(timeout=0)`.
-    fn fileno(&self) -> i32 {
-        self.poll.0.as_fd().as_raw_fd()
+    /// `next_frame(timeout=0)`. From the first call on, the producer rings this subscriber
+    /// after every frame, as an event loop needs (before it, only while `next_frame` waits,
+    /// which saves the producer a system call per frame, and ahead of frames: gpushmsink's
+    /// wake-early).
+    fn fileno(&self) -> PyResult<i32> {
+        let mut armed = self.fds.lock().unwrap_or_else(|e| e.into_inner());
+        if armed.is_none() {
+            let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            // Closed: nothing to watch, the descriptor stays quiet.
+            if let Some(sub) = inner.as_ref() {
+                let fds = sub.poll_fds();
+                for fd in fds {
+                    // SAFETY: the subscriber owns fd, and close() takes it out of the set
+                    // before the subscriber goes.
+                    let bfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+                    self.poll
+                        .add(
+                            bfd,
+                            nix::sys::epoll::EpollEvent::new(
+                                nix::sys::epoll::EpollFlags::EPOLLIN,
+                                fd as u64,
+                            ),
+                        )
+                        .map_err(|e| Error::new_err(format!("epoll_ctl: {e}")))?;
+                }
+                *armed = Some(fds);
+            }
+        }
+        Ok(self.poll.0.as_fd().as_raw_fd())
     }
 
     /// The producer's caps (a GStreamer caps string), once known.
@@ -217,10 +236,11 @@ impl Subscriber {
     fn close(&self) {
         self.waker.wake();
         let old = self.inner.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if old.is_some() {
+        let armed = self.fds.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let (Some(_), Some(fds)) = (&old, armed) {
             // The socket outlives the subscriber while frames are held: `fileno()` must not
             // report it readable any more.
-            for fd in self.fds {
+            for fd in fds {
                 // SAFETY: the subscriber (still alive here) owns both descriptors.
                 let _ = self
                     .poll

@@ -276,8 +276,7 @@ def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock)
 
 def test_wake_early_wakes_gpushmsrc_asleep_on_another_cpu_and_loses_nothing(sock):
     """Publisher.wake_early() wakes a gpushmsrc asleep on another CPU ahead of each frame,
-    once per frame however often called; every frame still arrives, byte for byte. (A Python
-    subscriber, whose fileno() is always armed, is never woken early.)"""
+    once per frame however often called; every frame still arrives, byte for byte."""
     cpus = sorted(os.sched_getaffinity(0))
     assert len(cpus) >= 2, f"this test needs two CPUs, it may use {cpus}"
     frames = [np.full(64 * 48, i + 1, dtype=np.uint8) for i in range(4)]
@@ -316,6 +315,54 @@ def test_wake_early_wakes_gpushmsrc_asleep_on_another_cpu_and_loses_nothing(sock
     assert checksums(out) == [hashlib.sha1(f.tobytes()).hexdigest() for f in frames], out
     # Each frame once at most; most of them (gpushmsrc asleep 0.2 s after the last).
     assert len(frames) // 2 <= woken <= len(frames), f"{woken} early wake-ups for {len(frames)} frames"
+
+
+def test_wake_early_wakes_a_python_subscriber_until_its_fileno_is_armed(sock):
+    """A Python subscriber asleep in next_frame on another CPU is woken ahead of each frame
+    (Publisher.wake_early) and gets every frame in order; once its fileno() is called (an
+    event loop's, rung after every frame) it no longer is."""
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"this test needs two CPUs, it may use {cpus}"
+    n = 6
+    try:
+        os.sched_setaffinity(0, {cpus[1]})
+        with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=30) as pub:
+            with gpushm.Subscriber(sock, mode="lossless") as sub:
+                deadline = time.monotonic() + 10
+                while pub.num_clients == 0:
+                    assert time.monotonic() < deadline, "the subscriber never connected"
+                    time.sleep(0.01)
+                got = []
+                armed = threading.Event()
+
+                def take():
+                    os.sched_setaffinity(0, {cpus[0]})
+                    for i in range(n):
+                        if i == n // 2:
+                            sub.fileno()
+                            armed.set()
+                        with sub.next_frame(timeout=10) as f:
+                            got.append(int(np.asarray(f.planes[0])[0, 0]))
+
+                t = threading.Thread(target=take)
+                t.start()
+                woken = []
+                for i in range(n):
+                    if i == n // 2:
+                        assert armed.wait(10)
+                    # The subscriber is asleep in next_frame.
+                    time.sleep(0.2)
+                    pub.wake_early()
+                    pub.publish(np.full(64 * 48, i + 1, dtype=np.uint8))
+                    woken.append(pub.woken_early)
+                t.join(timeout=30)
+                assert not t.is_alive(), f"took {len(got)} of {n}"
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert got == list(range(1, n + 1))
+    before, after = woken[n // 2 - 1], woken[-1]
+    assert before >= n // 4, f"{before} early wake-ups for {n // 2} frames before fileno()"
+    assert after == before, f"woken early after fileno(): {woken}"
 
 
 def test_a_slot_is_never_written_once_published(sock):

@@ -65,6 +65,7 @@ def test_a_closed_subscriber_keeps_frames_valid_and_refuses_new_ones(launch, soc
     wait_for(sock)
     with gpushm.Subscriber(sock) as sub:
         frame = sub.next_frame()
+        sub.fileno()  # armed for an event loop before the close
     assert frame.valid
     # The socket lives on with the frame, but an event loop on fileno() hears no more of it.
     with selectors.DefaultSelector() as sel:
