@@ -2708,6 +2708,69 @@ mod tests {
     use super::*;
     use crate::format::{FrameLayout, VideoFormat};
 
+    fn thread_cpu() -> Duration {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
+        Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32)
+    }
+
+    /// A hostile producer that says it woke a subscriber ahead of a frame, from another CPU,
+    /// and rings its doorbell without end, never publishing: the subscriber polls once (it
+    /// polls once per frame it takes), spends little CPU, and times out as asked.
+    #[test]
+    fn a_producer_ringing_early_without_end_costs_a_subscriber_one_poll() {
+        let dir = std::env::temp_dir().join(format!("gpushm-pub-ring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
+        let cam =
+            FramePublisher::new(&dir.join("cam"), layout, (30, 1), 4, Config::default()).unwrap();
+        let path = dir.join("cam");
+        let consumer = std::thread::spawn(move || {
+            let mut sub = crate::client::Subscriber::connect(&path, Default::default()).unwrap();
+            let cpu0 = thread_cpu();
+            let start = Instant::now();
+            let r = sub.next_frame(Some(Duration::from_secs(1)));
+            (
+                r.map(|f| f.is_some()),
+                start.elapsed(),
+                thread_cpu() - cpu0,
+                sub.early_polls(),
+            )
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while cam.num_clients() == 0 {
+            assert!(Instant::now() < deadline, "no client");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let mut rings = 0u64;
+        while !consumer.is_finished() {
+            {
+                let inner = lock(&cam.engine.inner);
+                for c in &inner.clients {
+                    // "From another CPU" (no CPU has this number): the subscriber may poll.
+                    c.ch.set_early_wake_cpu(u32::MAX);
+                    c.ready.ring();
+                }
+            }
+            rings += 1;
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let (r, took, cpu, polls) = consumer.join().unwrap();
+        eprintln!("{rings} rings: {took:?}, {cpu:?} of CPU, early polls {polls:?}");
+        assert!(
+            matches!(r, Err(crate::Error::Timeout(_))),
+            "the subscriber's wait ended otherwise: {r:?}"
+        );
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        assert!(rings > 100, "the producer rang only {rings} times");
+        assert_eq!(polls.caught + polls.missed, 1, "one poll: {polls:?}");
+        assert!(
+            cpu < Duration::from_millis(500),
+            "{cpu:?} of CPU for 1 s of rings"
+        );
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     /// A frame lent before set_layout() is of the old ring: publishing it says why (it would
     /// carry the new caps over the old layout), and frames of the new layout go out.
     #[test]
