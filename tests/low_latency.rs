@@ -370,8 +370,10 @@ fn pinned(mut cmd: std::process::Command, cpu: usize) -> std::process::Command {
 }
 
 /// gpushmsink wake-early (on by default) wakes a gpushmsrc sleeping for a frame as the frame
-/// reaches the sink, through the 30 → 5 → 60 fps schedule and its pause: every frame arrives,
-/// complete and in order, and most were woken for early; with wake-early=false, none is. The
+/// reaches the sink, through the 30 → 5 → 60 fps schedule and its pause, on both of the sink's
+/// ways (render() after GstBaseSink's clock wait with sync, its own chain function with
+/// sync=false): every frame arrives, complete and in order, and most were woken for early;
+/// with wake-early=false, none is. The
 /// producer and the consumer run on two CPUs (a consumer asleep on the producer's CPU is never
 /// woken early: it would take that CPU from the frame's way).
 #[test]
@@ -386,13 +388,26 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
         cpus.len() >= 2,
         "this test needs two CPUs, it may use {cpus:?}"
     );
-    for on in [true, false] {
+    for (on, sync) in [(true, true), (true, false), (false, true)] {
         let dir = tmpdir();
         let sock = dir.path().join("wakeearly.sock");
         let prop = format!("wake-early={on}");
+        let sync_prop = format!("sync={sync}");
         let p = Proc::spawn(
             pinned(
-                producer_command(&sock, &["--schedule", SCHEDULE, "--sink-prop", &prop]),
+                producer_command(
+                    &sock,
+                    &[
+                        "--schedule",
+                        SCHEDULE,
+                        "--sink-prop",
+                        &prop,
+                        "--sink-prop",
+                        &sync_prop,
+                        // Without sync the sink does not pace the stream: the producer does.
+                        "--pace",
+                    ],
+                ),
                 cpus[0],
             ),
             "pattern_producer",
@@ -414,7 +429,7 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
         assert!(status.success(), "checker: {out:?}");
         assert_every_frame(&out, FRAMES);
         let woken = num(&fields(&pout, "STATS "), "woken-early");
-        eprintln!("{prop}: {woken} of {FRAMES} frames woken for early");
+        eprintln!("{prop} {sync_prop}: {woken} of {FRAMES} frames woken for early");
         if on {
             assert!(
                 woken >= (FRAMES / 2) as f64 && woken <= FRAMES as f64,

@@ -15,7 +15,8 @@
 //! CLOCK_REALTIME instead of GStreamer's default CLOCK_MONOTONIC), --schedule "30x30,5x10,p3000,60x60"
 //! (a live producer whose cadence changes: N frames at FPS for each FPSxN, a pause of MS ms
 //! for each pMS; replaces --frames and --fps), --sink-prop NAME=VALUE (a gpushmsink property;
-//! repeatable).
+//! repeatable), --pace (push each frame when the pipeline's running time reaches its PTS, as a
+//! camera does: keeps the cadence with sync=false, where the sink does not wait).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..
 //! spin-caught=.. spin-missed=.. woken-early=..` at the end, and `WARNING ...` for each warning on the bus.
@@ -31,6 +32,8 @@ struct Args {
     frames: u64,
     fps: u32,
     copy: bool,
+    /// --pace: wait for each frame's PTS before pushing it.
+    pace: bool,
     wait: bool,
     slots: u32,
     seed: bool,
@@ -51,6 +54,7 @@ fn parse() -> Result<Args, String> {
         frames: 300,
         fps: 30,
         copy: false,
+        pace: false,
         wait: false,
         slots: 8,
         seed: false,
@@ -71,6 +75,7 @@ fn parse() -> Result<Args, String> {
             "--fps" => a.fps = v()?.parse().map_err(|e| format!("--fps: {e}"))?,
             "--slots" => a.slots = v()?.parse().map_err(|e| format!("--slots: {e}"))?,
             "--copy" => a.copy = true,
+            "--pace" => a.pace = true,
             "--sink-prop" => {
                 let p = v()?;
                 let (k, val) = p
@@ -244,6 +249,13 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
                 fill_seed(&mut frame);
             } else {
                 gstgpushm::pattern::fill(&mut frame, n);
+            }
+        }
+        if a.pace {
+            if let (Some(pts), Some(now)) = (buf.pts(), pipeline.current_running_time()) {
+                if pts > now {
+                    std::thread::sleep(std::time::Duration::from_nanos((pts - now).nseconds()));
+                }
             }
         }
         if appsrc.push_buffer(buf).is_err() {
