@@ -373,9 +373,9 @@ fn pinned(mut cmd: std::process::Command, cpu: usize) -> std::process::Command {
 /// reaches the sink, through the 30 → 5 → 60 fps schedule and its pause, on both of the sink's
 /// ways (render() after GstBaseSink's clock wait with sync, its own chain function with
 /// sync=false): every frame arrives, complete and in order, and most were woken for early;
-/// with wake-early=false, none is. The
-/// producer and the consumer run on two CPUs (a consumer asleep on the producer's CPU is never
-/// woken early: it would take that CPU from the frame's way).
+/// with wake-early=false, none is. The producer and the consumer run on two CPUs (a consumer
+/// asleep on the producer's CPU is never woken early: it would take that CPU from the frame's
+/// way).
 #[test]
 fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
     init();

@@ -1034,13 +1034,16 @@ impl<P: Send + 'static> Publisher<P> {
     /// most [`crate::client::EARLY_WAKE_POLL`], once per frame; it sleeps again if it woke
     /// on our CPU) until the frame comes or its own wake-up does (it loses nothing, and no
     /// frame is later than without this); one still asleep when the frame is published is
-    /// woken twice and takes it on the first. Clients older than this wake-up (they say
-    /// nothing of their CPU) are never woken early.
+    /// woken twice and takes it on the first.
+    ///
     /// So it is done only after a gap of [`WAKE_EARLY_GAP`] since the last frame (the cores
     /// of a faster stream do not idle deep, and the second wake-up is a system call more per
-    /// frame and client), for clients that sleep in a subscriber's wait (not those polling
-    /// the doorbell in an event loop, which would see it readable for nothing), and at most
-    /// once per frame. Never blocks: the doorbells are rung without our lock held.
+    /// frame and client), at most once per frame, and only for clients that sleep in a
+    /// subscriber's wait (not those polling the doorbell in an event loop, which would see
+    /// it readable for nothing) on another CPU than ours (a unix socket's wake-up asks the
+    /// scheduler to run the woken thread on the waker's CPU, where it would take that CPU from
+    /// the frame's way). Clients older than this wake-up (they say nothing of their CPU) are
+    /// never woken early. Never blocks: the doorbells are rung without our lock held.
     pub fn wake_early(&self) {
         let mut wake: Vec<Arc<shm::Doorbell>> = Vec::new();
         {

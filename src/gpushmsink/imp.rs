@@ -226,19 +226,6 @@ impl GpuShmSink {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-    /// wake-early: wakes the consumers that sleep waiting for a frame, as one comes (see
-    /// [`Server::wake_early`]).
-    fn wake_early(&self) {
-        if !self.wake_early.load(Ordering::Relaxed) {
-            return;
-        }
-        let server = match &*self.state() {
-            State::Started { server, .. } => server.clone(),
-            _ => return,
-        };
-        server.wake_early();
-    }
-
     fn server(&self) -> Option<Arc<Server>> {
         match &*self.state() {
             State::Started { server, .. } => Some(server.clone()),
@@ -900,8 +887,13 @@ impl GpuShmSink {
                     && (*bs).have_newsegment != 0
                     && (*bs).segment.format == gst::ffi::GST_FORMAT_TIME;
                 if ready {
-                    // No clock wait on this way: the frame is on its way to consumers now.
-                    self.wake_early();
+                    // wake-early: no clock wait on this way, the frame is on its way to
+                    // consumers now (see Server::wake_early; render() asks again, a no-op).
+                    if self.wake_early.load(Ordering::Relaxed) {
+                        if let Some(server) = self.server() {
+                            server.wake_early();
+                        }
+                    }
                     let r = match self.clip_direct(&mut (*bs).segment, &buffer) {
                         true => self.render(&buffer),
                         // Out of the segment: dropped, as GstBaseSink does.
@@ -1739,9 +1731,6 @@ impl BaseSinkImpl for GpuShmSink {
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
         #[cfg(feature = "stages")]
         let render_ns = crate::ring::monotonic_ns();
-        // GstBaseSink's way: the clock wait is behind us. (Once per frame: the direct way
-        // woke them already.)
-        self.wake_early();
         let start = buffer.dts().or(buffer.pts());
         self.note_position(
             start,
@@ -1784,6 +1773,11 @@ impl BaseSinkImpl for GpuShmSink {
             template,
         } = &*path;
         let cuda_input = *cuda_input;
+        // wake-early on GstBaseSink's way: the clock wait is behind us (once per frame: on the
+        // direct way, chain() woke them already).
+        if self.wake_early.load(Ordering::Relaxed) {
+            server.wake_early();
+        }
         if info.is_none() && buffer.size() as u64 > ring.slot_size() {
             // Never cut or refuse a large buffer: a new ring with larger slots, announced to
             // consumers like a caps change. Then render again into it.
