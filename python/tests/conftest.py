@@ -94,6 +94,14 @@ def wait_for(path: str, timeout: float = 10):
         time.sleep(0.01)
 
 
+def wait_for_client(pub, who: str = "the subscriber", timeout: float = 10):
+    """Waits until `pub` (a gpushm.Publisher) has a consumer."""
+    deadline = time.monotonic() + timeout
+    while pub.num_clients == 0:
+        assert time.monotonic() < deadline, f"{who} never connected"
+        time.sleep(0.01)
+
+
 def checksums(out: str) -> list:
     """The sha1 of each buffer, from checksumsink's output."""
     return [l.split()[1] for l in out.splitlines() if len(l.split()) == 2 and len(l.split()[1]) == 40]

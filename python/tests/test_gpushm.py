@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import gpushm
-from conftest import checksums, gst_env, wait_for
+from conftest import checksums, gst_env, wait_for, wait_for_client
 
 FORMATS = ["I420", "NV12", "RGBA", "GRAY8"]
 
@@ -191,10 +191,7 @@ def test_python_publisher_to_gpushmsrc_is_byte_exact(launch, sock, fmt):
     rng = np.random.default_rng(1)
     with gpushm.Publisher(sock, fmt, w, h, fps=30) as pub:
         c = launch(f"gpushmsrc socket-path={sock} lossless=true num-buffers={n} ! checksumsink")
-        deadline = time.monotonic() + 10
-        while pub.num_clients == 0:
-            assert time.monotonic() < deadline, "gpushmsrc never connected"
-            time.sleep(0.01)
+        wait_for_client(pub, "gpushmsrc")
         size = w * h * 4 if fmt == "RGBA" else w * h * 3 // 2
         sent = []
         for i in range(n):
@@ -250,10 +247,7 @@ def test_publisher_spin_us_flat_out_to_a_lossless_subscriber_loses_nothing(sock)
     # A 20 ms budget: the release comes about 1 ms after the frame, GIL hand-overs included.
     with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=5, slots=2, spin_us=20000) as pub:
         with gpushm.Subscriber(sock, mode="lossless") as sub:
-            deadline = time.monotonic() + 10
-            while pub.num_clients == 0:
-                assert time.monotonic() < deadline, "the subscriber never connected"
-                time.sleep(0.01)
+            wait_for_client(pub, "the subscriber")
             got = []
 
             def take():
@@ -292,10 +286,7 @@ def test_wake_early_wakes_gpushmsrc_asleep_on_another_cpu_and_loses_nothing(sock
                 preexec_fn=lambda: os.sched_setaffinity(0, {cpus[0]}),
             )
             try:
-                deadline = time.monotonic() + 10
-                while pub.num_clients == 0:
-                    assert time.monotonic() < deadline, "gpushmsrc never connected"
-                    time.sleep(0.01)
+                wait_for_client(pub, "gpushmsrc")
                 for f in frames:
                     # gpushmsrc is asleep waiting for the frame.
                     time.sleep(0.2)
@@ -328,10 +319,7 @@ def test_wake_early_wakes_a_python_subscriber_until_its_fileno_is_armed(sock):
         os.sched_setaffinity(0, {cpus[1]})
         with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=30) as pub:
             with gpushm.Subscriber(sock, mode="lossless") as sub:
-                deadline = time.monotonic() + 10
-                while pub.num_clients == 0:
-                    assert time.monotonic() < deadline, "the subscriber never connected"
-                    time.sleep(0.01)
+                wait_for_client(pub, "the subscriber")
                 got = []
                 armed = threading.Event()
 
@@ -443,10 +431,7 @@ def test_stream_names_meet_between_a_gst_launch_producer_and_a_python_subscriber
     with gpushm.Publisher(stream="py-out", format="GRAY8", width=64, height=48) as pub:
         assert os.path.exists(tmp_path / "py-out")
         c = launch("gpushmsrc stream=py-out lossless=true num-buffers=3 ! checksumsink")
-        deadline = time.monotonic() + 10
-        while pub.num_clients == 0:
-            assert time.monotonic() < deadline, "gpushmsrc stream=py-out never connected"
-            time.sleep(0.01)
+        wait_for_client(pub, "gpushmsrc stream=py-out")
         sent = []
         for i in range(3):
             data = np.full((48, 64), i + 1, dtype=np.uint8)
