@@ -343,12 +343,13 @@ impl Publisher {
         Ok((st.spin_caught, st.spin_missed))
     }
 
-    /// Wakes the consumers that sleep waiting for a frame (gpushmsrc, C and Rust subscribers),
+    /// Wakes the consumers that sleep waiting for a frame (gpushmsrc, Python, C and Rust
+    /// subscribers),
     /// ahead of the next frame: call it a few µs before `publish` (as the frame's last step
     /// starts), so that their wake-up (tens of µs on a core that idled) runs meanwhile. Once
     /// per frame; it wakes nobody less than 0.5 ms after the last frame, nor a consumer that
     /// went to sleep on this thread's CPU, nor one polled by an event loop (a Python
-    /// `Subscriber` always is, through its `fileno()`). A consumer woken before the frame is
+    /// `Subscriber` once its `fileno()` was called). A consumer woken before the frame is
     /// published waits for it as usual.
     fn wake_early(&self) -> PyResult<()> {
         self.engine()?.wake_early();
