@@ -22,9 +22,10 @@
 //! [--spin-us 300]` (64x64 GRAY8 frames flat out; each round measures the producer alone,
 //! gpushm, gpushm with spin-us on gpushmsink and gpushmsrc, and shm),
 //! `bench gpu` (the cudasum table, with the pre-rendered producer),
-//! `bench latency --runs 7 [--spin-us 300] [--chain N]` (latency only, rounds alternating gpushm,
-//! gpushm with gpushmsink wake-early=false, gpushm in low-latency mode (gpushmsrc spin-us) and
-//! shm, with medians, CPU share of each
+//! `bench latency --runs 7 [--spin-us 300] [--chain N] [--wake-ahead-us 80,160]` (latency
+//! only, rounds alternating gpushm, gpushm with gpushmsink wake-ahead-us=0 and wake-early=false
+//! (and each wake-ahead-us listed), gpushm in low-latency mode (gpushmsrc spin-us) and shm,
+//! with medians, CPU share of each
 //! process; `--chain N` adds N relay processes, `gpushmsrc ! gpushmsink` each, between the
 //! producer and the consumer, end to end; `--cpu-latency-us N` adds gpushm in low-latency mode
 //! with gpushmsink and gpushmsrc asking the kernel to keep the CPUs in idle states that wake
@@ -228,9 +229,12 @@ fn produce(args: &[String]) -> Result<(), String> {
     // GPUSHM_BENCH_SINK_PROPS: more gpushmsink properties (`slots=32`), to try a setting.
     let sink = match transport.as_str() {
         "gpushm" => format!(
-            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={} wake-early={}{} {}",
+            "gpushmsink name=sink socket-path={socket} wait-for-connection=true sync=false spin-us={} wake-early={}{}{} {}",
             std::env::var("GPUSHM_BENCH_SINK_SPIN_US").unwrap_or_else(|_| "0".into()),
             std::env::var("GPUSHM_BENCH_WAKE_EARLY").unwrap_or_else(|_| "true".into()),
+            std::env::var("GPUSHM_BENCH_WAKE_AHEAD_US")
+                .map(|us| format!(" wake-ahead-us={us}"))
+                .unwrap_or_default(),
             cpu_latency_prop(),
             std::env::var("GPUSHM_BENCH_SINK_PROPS").unwrap_or_default()
         ),
@@ -1428,6 +1432,8 @@ struct Mode {
     cpu_latency: Option<u32>,
     /// gpushmsink wake-early.
     wake_early: bool,
+    /// gpushmsink wake-ahead-us (None: its default).
+    wake_ahead: Option<u32>,
 }
 
 /// Latency alone (30 fps live, pool mode), with the floor measured in the same round:
@@ -1443,6 +1449,7 @@ fn latency_only(
     spin: u64,
     chain: u64,
     cpu_latency: Option<u32>,
+    wake_ahead: &[u32],
 ) {
     let median = |v: &[f64]| -> f64 {
         let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
@@ -1460,9 +1467,14 @@ fn latency_only(
         relays: 0,
         cpu_latency: None,
         wake_early: true,
+        wake_ahead: None,
     };
     let mut modes = vec![
         gpushm("gpushm".into()),
+        Mode {
+            wake_ahead: Some(0),
+            ..gpushm("gpushm wake-ahead-us=0".into())
+        },
         Mode {
             wake_early: false,
             ..gpushm("gpushm wake-early=false".into())
@@ -1476,6 +1488,12 @@ fn latency_only(
             ..gpushm("shm".into())
         },
     ];
+    for &us in wake_ahead {
+        modes.push(Mode {
+            wake_ahead: Some(us),
+            ..gpushm(format!("gpushm wake-ahead-us={us}"))
+        });
+    }
     if let Some(us) = cpu_latency {
         modes.push(Mode {
             spin,
@@ -1526,6 +1544,7 @@ fn latency_only(
                     relays,
                     cpu_latency,
                     wake_early,
+                    wake_ahead,
                 } = &modes[i];
                 std::env::set_var("GPUSHM_BENCH_SPIN_US", spin.to_string());
                 std::env::set_var("GPUSHM_BENCH_WAKE_EARLY", wake_early.to_string());
@@ -1533,11 +1552,15 @@ fn latency_only(
                 if let Some(us) = cpu_latency {
                     std::env::set_var("GPUSHM_BENCH_CPU_LATENCY_US", us.to_string());
                 }
+                if let Some(us) = wake_ahead {
+                    std::env::set_var("GPUSHM_BENCH_WAKE_AHEAD_US", us.to_string());
+                }
                 let lat = run(t, w, h, frames, 30, false, false);
                 std::env::remove_var("GPUSHM_BENCH_SPIN_US");
                 std::env::remove_var("GPUSHM_BENCH_CHAIN");
                 std::env::remove_var("GPUSHM_BENCH_CPU_LATENCY_US");
                 std::env::remove_var("GPUSHM_BENCH_WAKE_EARLY");
+                std::env::remove_var("GPUSHM_BENCH_WAKE_AHEAD_US");
                 let c = &lat.consumer;
                 // CPU time per frame times the frame rate: the share of a core.
                 let share = |m: &Option<Fields>| f(m, "cpu_us_per_frame") * 30.0 / 1e4;
@@ -2065,6 +2088,18 @@ fn main() {
                 println!("{e}");
                 std::process::exit(2);
             });
+            // --wake-ahead-us 80,160: more gpushm modes, with those wake-ahead-us.
+            let wake_ahead: Vec<u32> = match arg(&args, "--wake-ahead-us") {
+                Some(v) => v
+                    .split(',')
+                    .map(|us| us.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .unwrap_or_else(|e| {
+                        println!("--wake-ahead-us {v}: {e} (microseconds, comma-separated)");
+                        std::process::exit(2);
+                    }),
+                None => Vec::new(),
+            };
             let sizes = match (arg(&args, "--width"), arg(&args, "--height")) {
                 (None, None) => vec![(1280, 720), (1920, 1080), (3840, 2160)],
                 _ => vec![(num(&args, "--width", 1280), num(&args, "--height", 720))],
@@ -2076,6 +2111,7 @@ fn main() {
                 num(&args, "--spin-us", 300),
                 num(&args, "--chain", 0),
                 cpu_latency,
+                &wake_ahead,
             );
             Ok(())
         }

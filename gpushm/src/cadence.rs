@@ -52,6 +52,11 @@ impl Cadence {
         self.armed = true;
     }
 
+    /// The publish time of the newest frame recorded (0: none yet).
+    pub fn last(&self) -> u64 {
+        self.last
+    }
+
     /// The usual interval between frames (the median of the last ones), once known.
     pub fn interval(&self) -> Option<u64> {
         if self.n == 0 {

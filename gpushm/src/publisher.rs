@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::EventFd;
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use nix::sys::time::TimeSpec;
 
 use crate::client::Delivery;
 use crate::layout::CLIENT_QUEUE_CAPACITY;
@@ -170,8 +171,12 @@ pub struct Stats {
     /// ended asleep all the same.
     pub spin_caught: u64,
     pub spin_missed: u64,
-    /// Wake-ups rung ahead of a frame ([`Publisher::wake_early`]), one per sleeping client.
+    /// Wake-ups rung ahead of a frame ([`Publisher::wake_early`], and
+    /// [`Publisher::set_wake_ahead`]'s), one per sleeping client.
     pub woken_early: u64,
+    /// Of those, the ones rung by the connection thread before the frame was due
+    /// ([`Publisher::set_wake_ahead`]).
+    pub woken_ahead: u64,
 }
 
 /// How long since the last frame [`Publisher::wake_early`] waits before it wakes clients
@@ -179,6 +184,29 @@ pub struct Stats {
 /// millisecond or more takes tens of µs (60-80 on the H100 machine). Streams of up to 2000
 /// frames a second are woken early; faster ones are not.
 pub const WAKE_EARLY_GAP: Duration = Duration::from_micros(500);
+
+/// The shortest interval between frames for which [`Publisher::set_wake_ahead`] wakes clients
+/// before a frame is due: the connection thread wakes once per frame to do it, so faster
+/// streams (over 500 frames a second) are only woken as each frame comes
+/// ([`Publisher::wake_early`]).
+pub const WAKE_AHEAD_MIN_INTERVAL: Duration = Duration::from_millis(2);
+
+/// How late the connection thread's timed wake-ups came (the last few, ns): it asks to be
+/// woken that much earlier. Bounded: a machine too busy to keep time gets no more.
+const AHEAD_LATE_HISTORY: usize = 8;
+const AHEAD_LATE_MAX_NS: u64 = 300_000;
+
+/// What the connection thread does about the next wake-up ahead of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Nothing to do (off, no clients, a stream too fast).
+    Off,
+    /// Nothing until the next frame is published: its cadence is not known yet, or the
+    /// frame is later than it should be (a pause). publish_frame() wakes the thread.
+    Park,
+    /// Ring at this time (CLOCK_MONOTONIC ns; now, if it passed).
+    At(u64),
+}
 
 #[derive(Debug, Clone)]
 pub struct ClientStats {
@@ -396,6 +424,20 @@ struct Inner<P> {
     last_publish_ns: u64,
     /// The frame (its seq) that [`Publisher::wake_early`] woke clients for last.
     woken_early_for: u64,
+    /// The publish times of the last frames: when the next one is due.
+    cadence: crate::cadence::Cadence,
+    /// The CPU (1 + it, see [`crate::layout::this_cpu`]) the last frame was published from.
+    publish_cpu: u32,
+    /// [`Publisher::set_wake_ahead`]: how long before a frame is due, ns (0: off).
+    wake_ahead_ns: u64,
+    /// The time the connection thread asked its poll to end at for a wake-up ahead (0: none).
+    ahead_asked_ns: u64,
+    /// How late those polls ended (the last [`AHEAD_LATE_HISTORY`], ns).
+    ahead_late: [u64; AHEAD_LATE_HISTORY],
+    ahead_late_n: usize,
+    /// The connection thread waits for the next publish to plan a wake-up ahead: that
+    /// publish wakes it.
+    ahead_parked: bool,
     /// The last Report built, sent again to queries within [`REPORT_INTERVAL`].
     report: Option<(Instant, Arc<StreamReport>)>,
 }
@@ -673,6 +715,13 @@ impl<P: Send + 'static> Publisher<P> {
                 },
                 last_publish_ns: 0,
                 woken_early_for: 0,
+                cadence: Default::default(),
+                publish_cpu: 0,
+                wake_ahead_ns: 0,
+                ahead_asked_ns: 0,
+                ahead_late: [0; AHEAD_LATE_HISTORY],
+                ahead_late_n: 0,
+                ahead_parked: false,
                 report: None,
             }),
             config,
@@ -691,6 +740,9 @@ impl<P: Send + 'static> Publisher<P> {
         let handle = std::thread::Builder::new()
             .name("gpushmsink-ipc".into())
             .spawn(move || {
+                // Its polls time wake-ups ahead of frames (set_wake_ahead): to the µs, not
+                // within the default 50 µs of slack.
+                let _ = nix::sys::prctl::set_timerslack(1_000);
                 while let Some(s) = weak.upgrade() {
                     if !s.serve_once() {
                         break;
@@ -1045,8 +1097,7 @@ impl<P: Send + 'static> Publisher<P> {
     /// the frame's way). Clients older than this wake-up (they say nothing of their CPU) are
     /// never woken early. Never blocks: the doorbells are rung without our lock held.
     pub fn wake_early(&self) {
-        let mut wake: Vec<Arc<shm::Doorbell>> = Vec::new();
-        {
+        let wake = {
             let mut guard = lock(&self.inner);
             let inner = &mut *guard;
             if inner.woken_early_for == inner.next_seq {
@@ -1057,18 +1108,132 @@ impl<P: Send + 'static> Publisher<P> {
             if inner.last_publish_ns != 0 && gap < WAKE_EARLY_GAP.as_nanos() as u64 {
                 return;
             }
-            let cpu = crate::layout::this_cpu();
-            for c in inner.clients.iter().filter(|c| !c.closed) {
-                if c.ch.consumer_sleeps_off(cpu) {
-                    c.ch.set_early_wake_cpu(cpu);
-                    wake.push(c.ready.clone());
-                }
-            }
-            inner.stats.woken_early += wake.len() as u64;
-        }
+            Self::early_wake_list(inner, crate::layout::this_cpu())
+        };
         for d in wake {
             d.ring();
         }
+    }
+
+    /// The doorbells of the clients asleep in a subscriber's wait on another CPU than `cpu`
+    /// (the frame's way runs there), each told that `cpu` rang it ahead of the frame.
+    fn early_wake_list(inner: &mut Inner<P>, cpu: u32) -> Vec<Arc<shm::Doorbell>> {
+        let mut wake = Vec::new();
+        for c in inner.clients.iter().filter(|c| !c.closed) {
+            if c.ch.consumer_sleeps_off(cpu) {
+                c.ch.set_early_wake_cpu(cpu);
+                wake.push(c.ready.clone());
+            }
+        }
+        inner.stats.woken_early += wake.len() as u64;
+        wake
+    }
+
+    /// Wakes the clients that sleep until a frame comes `ahead` before each frame is due,
+    /// from the connection thread (`Duration::ZERO`, the default: never). When a frame is
+    /// due is learnt from the publish times of the last ones (their median interval), for
+    /// streams of at most one frame every [`WAKE_AHEAD_MIN_INTERVAL`].
+    ///
+    /// A consumer's wake-up from a sleep of a few ms takes tens of µs (60-80 on the H100
+    /// machine); woken `ahead` before the frame, it is awake and polling the ring when the
+    /// frame lands, as with its own low-latency mode
+    /// ([`crate::client::ConnectOptions::spin`]), but the producer keeps the time for every
+    /// client. The rules of [`Self::wake_early`] hold (once per frame, that one included;
+    /// only clients asleep in a subscriber's wait, on another CPU than the one publishing;
+    /// a woken client polls at most [`crate::client::EARLY_WAKE_POLL`] once per frame it
+    /// takes, then sleeps again): a wrong guess costs a client that much CPU, never a frame
+    /// or a later one. A stream that stops costs nothing: no wake-up is rung for a frame
+    /// that is already half an interval late.
+    pub fn set_wake_ahead(&self, ahead: Duration) {
+        let ns = u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX);
+        let mut inner = lock(&self.inner);
+        if inner.wake_ahead_ns != ns {
+            inner.wake_ahead_ns = ns;
+            drop(inner);
+            // The connection thread plans again.
+            shm::notify(&self.wake);
+        }
+    }
+
+    /// When the connection thread rings clients ahead of the next frame.
+    fn ahead_plan(inner: &Inner<P>, now: u64) -> Ahead {
+        if inner.wake_ahead_ns == 0 || inner.eos || inner.clients.iter().all(|c| c.closed) {
+            return Ahead::Off;
+        }
+        let Some(iv) = inner.cadence.interval() else {
+            return Ahead::Park;
+        };
+        if iv < WAKE_AHEAD_MIN_INTERVAL.as_nanos() as u64 {
+            return Ahead::Off;
+        }
+        // When the coming frame (seq next_seq) is due.
+        let due = inner.cadence.last().saturating_add(iv);
+        let rung = inner.woken_early_for == inner.next_seq;
+        let late = Self::ahead_late_ns(inner);
+        // Rung for the coming frame already: plan for the one after.
+        let at = (due + if rung { iv } else { 0 })
+            .saturating_sub(inner.wake_ahead_ns)
+            .saturating_sub(late);
+        if at > now {
+            Ahead::At(at)
+        } else if rung || now > due.saturating_add(iv / 2) {
+            // The coming frame is late (rung for, or half an interval past due): a pause.
+            Ahead::Park
+        } else {
+            Ahead::At(at)
+        }
+    }
+
+    /// How late the connection thread's timed polls end (the median of the last ones).
+    fn ahead_late_ns(inner: &Inner<P>) -> u64 {
+        let n = inner.ahead_late_n.min(AHEAD_LATE_HISTORY);
+        if n == 0 {
+            return 0;
+        }
+        let mut v = inner.ahead_late;
+        let v = &mut v[..n];
+        v.sort_unstable();
+        v[n / 2]
+    }
+
+    /// The connection thread's wake-up ahead of a frame, when its time has come: rings the
+    /// clients (returns true) or plans the poll's end (`Some(ns)` in `until`).
+    fn wake_ahead_due(&self, until: &mut Option<u64>) -> bool {
+        let now = crate::monotonic_ns();
+        let wake = {
+            let mut guard = lock(&self.inner);
+            let inner = &mut *guard;
+            let plan = Self::ahead_plan(inner, now);
+            inner.ahead_parked = plan == Ahead::Park;
+            match plan {
+                Ahead::At(at) if at <= now => {
+                    if inner.ahead_asked_ns != 0 && now >= inner.ahead_asked_ns {
+                        let i = inner.ahead_late_n % AHEAD_LATE_HISTORY;
+                        inner.ahead_late[i] = (now - inner.ahead_asked_ns).min(AHEAD_LATE_MAX_NS);
+                        inner.ahead_late_n += 1;
+                    }
+                    inner.ahead_asked_ns = 0;
+                    inner.woken_early_for = inner.next_seq;
+                    let cpu = inner.publish_cpu;
+                    let wake = Self::early_wake_list(inner, cpu);
+                    inner.stats.woken_ahead += wake.len() as u64;
+                    wake
+                }
+                Ahead::At(at) => {
+                    inner.ahead_asked_ns = at;
+                    *until = Some(at);
+                    return false;
+                }
+                Ahead::Off | Ahead::Park => {
+                    inner.ahead_asked_ns = 0;
+                    return false;
+                }
+            }
+        };
+        for d in wake {
+            d.ring();
+        }
+        true
     }
 
     /// A new stream starts (flush or restart after EOS).
@@ -1350,6 +1515,10 @@ impl<P: Send + 'static> Publisher<P> {
         inner.stats.frames_sent += 1;
         inner.rate.tick(meta.publish_ns);
         inner.last_publish_ns = meta.publish_ns;
+        inner.cadence.record(meta.publish_ns);
+        inner.publish_cpu = crate::layout::this_cpu();
+        // The connection thread waits for this frame to plan the next wake-up ahead.
+        let poke = std::mem::take(&mut inner.ahead_parked);
         let entry = Entry {
             seq,
             ring_gen,
@@ -1442,6 +1611,9 @@ impl<P: Send + 'static> Publisher<P> {
         drop(guard);
         for d in wake {
             d.ring();
+        }
+        if poke {
+            shm::notify(&self.wake);
         }
         let mut guard = lock(&self.inner);
         let inner = &mut *guard;
@@ -1727,6 +1899,11 @@ impl<P: Send + 'static> Publisher<P> {
 
     /// One round of the connection thread. Returns false when it should stop.
     fn serve_once(&self) -> bool {
+        // A wake-up ahead of a frame first: the poll below ends when the next one is due.
+        let mut ahead_at = None;
+        if self.wake_ahead_due(&mut ahead_at) {
+            return true;
+        }
         // Collect what to poll under the lock, poll without it.
         let (raw, deadline, has_clients) = {
             let mut inner = lock(&self.inner);
@@ -1767,15 +1944,19 @@ impl<P: Send + 'static> Publisher<P> {
             )
         };
         let timeout = match deadline {
-            Some(d) => PollTimeout::try_from(
+            Some(d) => Some(
                 d.saturating_duration_since(Instant::now())
-                    .as_millis()
-                    .min(60_000) as i32
-                    + 1,
-            )
-            .unwrap_or(PollTimeout::MAX),
-            None if has_clients => PollTimeout::from(100u16),
-            None => PollTimeout::NONE,
+                    .min(Duration::from_secs(60))
+                    + Duration::from_millis(1),
+            ),
+            None if has_clients => Some(Duration::from_millis(100)),
+            None => None,
+        };
+        let ahead =
+            ahead_at.map(|at| Duration::from_nanos(at.saturating_sub(crate::monotonic_ns())));
+        let timeout = match (timeout, ahead) {
+            (Some(t), Some(a)) => Some(t.min(a)),
+            (t, a) => t.or(a),
         };
         // SAFETY: every fd is owned by `self` or by an entry of `inner`. Clients removed by
         // any thread wait in `inner.closing` until this thread clears it before its next
@@ -1785,7 +1966,8 @@ impl<P: Send + 'static> Publisher<P> {
             .iter()
             .map(|(fd, _)| PollFd::new(unsafe { BorrowedFd::borrow_raw(*fd) }, PollFlags::POLLIN))
             .collect();
-        match poll(&mut pfds, timeout) {
+        // ppoll: its timeout is to the ns (a wake-up ahead of a frame is timed to the µs).
+        match nix::poll::ppoll(&mut pfds, timeout.map(TimeSpec::from_duration), None) {
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(_) => return false,
         }
@@ -2596,6 +2778,13 @@ impl FramePublisher {
     /// wake-up runs meanwhile. See [`Publisher::wake_early`] for when it wakes nobody.
     pub fn wake_early(&self) {
         self.engine.wake_early();
+    }
+
+    /// Wakes the consumers that sleep until a frame comes `ahead` before each frame is due,
+    /// as learnt from the last frames' publish times (`Duration::ZERO`, the default: never).
+    /// See [`Publisher::set_wake_ahead`].
+    pub fn set_wake_ahead(&self, ahead: Duration) {
+        self.engine.set_wake_ahead(ahead);
     }
 
     /// Whether frames go into GPU memory ([`Self::new_on_device`]).
