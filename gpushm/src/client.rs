@@ -1849,6 +1849,120 @@ mod tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 
+    /// How many times `tid` of this process ran at all (it went to sleep or was preempted).
+    fn switches(tid: i32) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).unwrap();
+        ["voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"]
+            .iter()
+            .map(|k| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .and_then(|n| n.trim().parse::<u64>().ok())
+                    .unwrap()
+            })
+            .sum()
+    }
+
+    /// The connection thread of the one publisher this test runs (named gpushmsink-ipc), found
+    /// as the thread of that name that appears with it.
+    fn new_ipc_threads(before: &[i32]) -> Vec<i32> {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|tid| !before.contains(tid))
+            .filter(|tid| {
+                std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+                    .is_ok_and(|c| c.trim() == "gpushmsink-ipc")
+            })
+            .collect()
+    }
+
+    /// set_wake_ahead: the connection thread wakes a subscriber asleep waiting for a frame
+    /// before the frame is due (learnt from the cadence of the last frames), once per frame;
+    /// every frame comes, complete and in order. Not from the CPU the subscriber sleeps on,
+    /// and a stream that stops costs one wake-up, then nothing: the connection thread
+    /// sleeps through the pause.
+    #[test]
+    fn wake_ahead_wakes_a_sleeping_subscriber_before_each_frame_is_due() {
+        let (a, b) = two_cpus();
+        let dir = scratch("wake-ahead");
+        let ipc_before = new_ipc_threads(&[]);
+        let cam = camera(&dir, 8);
+        // Generous times for a loaded CI machine: frames every 40 ms, woken 8 ms ahead.
+        const EVERY: Duration = Duration::from_millis(40);
+        cam.set_wake_ahead(Duration::from_millis(8));
+        let mut sub = connect(&dir, true);
+        until("the client", || cam.num_clients() == 1);
+        let ahead = || cam.stats().0.woken_ahead;
+        const N: u8 = 12;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let consumer = std::thread::spawn(move || {
+            pin(a);
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            (1..=2 * N)
+                .map(|v| {
+                    let f = take(&mut sub);
+                    (f.seq, filled_with(&f, v))
+                })
+                .collect::<Vec<_>>()
+        });
+        let tid = rx.recv().unwrap();
+        pin(b);
+        let mut woken_before_due = 0;
+        for v in 1..=N {
+            until("the subscriber to sleep", || sleeping(tid));
+            let (rings, ran) = (ahead(), switches(tid));
+            // 4 ms before the frame is due (a cadence of EVERY once learnt).
+            std::thread::sleep(EVERY - Duration::from_millis(4));
+            if ahead() == rings + 1 && switches(tid) > ran {
+                woken_before_due += 1;
+            }
+            std::thread::sleep(Duration::from_millis(4));
+            publish(&cam, v);
+        }
+        // Three frames to learn the cadence, a few late on a loaded machine.
+        assert!(
+            woken_before_due >= N as usize - 5,
+            "woken ahead of {woken_before_due} of {N} frames (rung {})",
+            ahead()
+        );
+        // The stream stops: one wake-up for the frame that does not come, then none, and
+        // the connection thread sleeps (its 100 ms rounds, not one per frame or a spin).
+        std::thread::sleep(2 * EVERY);
+        let (rings, ipc) = (ahead(), new_ipc_threads(&ipc_before));
+        assert_eq!(ipc.len(), 1, "the connection thread: {ipc:?}");
+        let ran = switches(ipc[0]);
+        std::thread::sleep(Duration::from_millis(600));
+        assert_eq!(ahead(), rings, "rung in a pause");
+        let ran = switches(ipc[0]) - ran;
+        assert!(
+            ran <= 12,
+            "the connection thread ran {ran} times in 600 ms of pause"
+        );
+        // Published from the CPU the subscriber sleeps on: no wake-up ahead.
+        pin(a);
+        for v in N + 1..=N + N / 2 {
+            std::thread::sleep(EVERY);
+            publish(&cam, v);
+        }
+        assert_eq!(ahead(), rings, "woken ahead from the CPU it sleeps on");
+        // From another CPU again: woken ahead again.
+        pin(b);
+        for v in N + N / 2 + 1..=2 * N {
+            std::thread::sleep(EVERY);
+            publish(&cam, v);
+        }
+        assert!(ahead() > rings, "not woken ahead after the pause");
+        let got = consumer.join().unwrap();
+        assert_eq!(
+            got,
+            (1..=2 * N as u64).map(|s| (s, true)).collect::<Vec<_>>()
+        );
+        drop(cam);
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
     /// In the low-latency mode, a wake-up ahead of a frame that ends the sleep before the poll
     /// (the frame comes well before its cadence says) starts the poll at once: the frame is
     /// caught polling, not by a second wake-up.

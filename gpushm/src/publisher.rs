@@ -667,6 +667,31 @@ impl Drop for PrivateDir {
     }
 }
 
+/// When to ring clients ahead of the frame after the one published at `last` (CLOCK_MONOTONIC
+/// ns, like `now`): `lead` before it is due, frames coming every `interval` (once known), and
+/// `rung` if that frame was rung for already.
+fn plan_ahead(lead: u64, interval: Option<u64>, last: u64, rung: bool, now: u64) -> Ahead {
+    let Some(iv) = interval else {
+        return Ahead::Park;
+    };
+    if iv < WAKE_AHEAD_MIN_INTERVAL.as_nanos() as u64 {
+        return Ahead::Off;
+    }
+    let due = last.saturating_add(iv);
+    // Rung for the coming frame already: plan for the one after.
+    let at = due
+        .saturating_add(if rung { iv } else { 0 })
+        .saturating_sub(lead);
+    if at > now {
+        Ahead::At(at)
+    } else if rung || now > due.saturating_add(iv / 2) {
+        // The coming frame is late (rung for, or half an interval past due): a pause.
+        Ahead::Park
+    } else {
+        Ahead::At(at)
+    }
+}
+
 fn errno(e: &std::io::Error) -> nix::errno::Errno {
     nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))
 }
@@ -1160,28 +1185,13 @@ impl<P: Send + 'static> Publisher<P> {
         if inner.wake_ahead_ns == 0 || inner.eos || inner.clients.iter().all(|c| c.closed) {
             return Ahead::Off;
         }
-        let Some(iv) = inner.cadence.interval() else {
-            return Ahead::Park;
-        };
-        if iv < WAKE_AHEAD_MIN_INTERVAL.as_nanos() as u64 {
-            return Ahead::Off;
-        }
-        // When the coming frame (seq next_seq) is due.
-        let due = inner.cadence.last().saturating_add(iv);
-        let rung = inner.woken_early_for == inner.next_seq;
-        let late = Self::ahead_late_ns(inner);
-        // Rung for the coming frame already: plan for the one after.
-        let at = (due + if rung { iv } else { 0 })
-            .saturating_sub(inner.wake_ahead_ns)
-            .saturating_sub(late);
-        if at > now {
-            Ahead::At(at)
-        } else if rung || now > due.saturating_add(iv / 2) {
-            // The coming frame is late (rung for, or half an interval past due): a pause.
-            Ahead::Park
-        } else {
-            Ahead::At(at)
-        }
+        plan_ahead(
+            inner.wake_ahead_ns + Self::ahead_late_ns(inner),
+            inner.cadence.interval(),
+            inner.cadence.last(),
+            inner.woken_early_for == inner.next_seq,
+            now,
+        )
     }
 
     /// How late the connection thread's timed polls end (the median of the last ones).
@@ -1203,6 +1213,9 @@ impl<P: Send + 'static> Publisher<P> {
         let wake = {
             let mut guard = lock(&self.inner);
             let inner = &mut *guard;
+            if inner.shutdown {
+                return false;
+            }
             let plan = Self::ahead_plan(inner, now);
             inner.ahead_parked = plan == Ahead::Park;
             match plan {
@@ -2903,6 +2916,35 @@ mod tests {
     fn thread_cpu() -> Duration {
         let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).unwrap();
         Duration::new(t.tv_sec() as u64, t.tv_nsec() as u32)
+    }
+
+    /// When the connection thread rings ahead of a frame: `lead` before it is due, the frame
+    /// after if the coming one was rung for, never for a frame half an interval late (a
+    /// pause) or a stream too fast, and not before its cadence is known.
+    #[test]
+    fn plans_wake_ups_ahead_of_frames_due_and_none_in_a_pause() {
+        const MS: u64 = 1_000_000;
+        let (lead, iv, last) = (MS / 10, 33 * MS, 1_000 * MS);
+        let plan = |rung, now| plan_ahead(lead, Some(iv), last, rung, now);
+        // The coming frame is due at last + iv.
+        assert_eq!(plan(false, last + MS), Ahead::At(last + iv - lead));
+        // Its time passed, the frame has not come: ring now, until it is half an interval late.
+        assert_eq!(plan(false, last + iv), Ahead::At(last + iv - lead));
+        assert_eq!(plan(false, last + iv + iv / 2), Ahead::At(last + iv - lead));
+        assert_eq!(plan(false, last + iv + iv / 2 + 1), Ahead::Park);
+        // Rung for it: the one after, once the coming one is published (a pause until then).
+        assert_eq!(plan(true, last + iv), Ahead::At(last + 2 * iv - lead));
+        assert_eq!(plan(true, last + 2 * iv - lead), Ahead::Park);
+        // Cadence not known yet: wait for the next frame.
+        assert_eq!(plan_ahead(lead, None, last, false, last), Ahead::Park);
+        // Faster than one frame every WAKE_AHEAD_MIN_INTERVAL: never.
+        let fast = WAKE_AHEAD_MIN_INTERVAL.as_nanos() as u64 - 1;
+        assert_eq!(plan_ahead(lead, Some(fast), last, false, last), Ahead::Off);
+        // A lead longer than the interval rings at once (it is due now), never in the past.
+        assert_eq!(
+            plan_ahead(2 * iv, Some(iv), last, false, last + 1),
+            Ahead::At(last.saturating_sub(iv))
+        );
     }
 
     /// A hostile producer that says it woke a subscriber ahead of a frame, from another CPU,
