@@ -369,11 +369,13 @@ fn pinned(mut cmd: std::process::Command, cpu: usize) -> std::process::Command {
     cmd
 }
 
-/// gpushmsink wake-early (on by default) wakes a gpushmsrc sleeping for a frame as the frame
-/// reaches the sink, through the 30 → 5 → 60 fps schedule and its pause, on both of the sink's
-/// ways (render() after GstBaseSink's clock wait with sync, its own chain function with
-/// sync=false): every frame arrives, complete and in order, and most were woken for early;
-/// with wake-early=false, none is. The producer and the consumer run on two CPUs (a consumer
+/// gpushmsink wake-early (on by default) wakes a gpushmsrc sleeping for a frame ahead of it,
+/// through the 30 → 5 → 60 fps schedule and its pause: with wake-ahead-us (120 by default)
+/// before the frame is due, from the stream's cadence; with wake-ahead-us=0 as the frame
+/// reaches the sink, on both of the sink's ways (render() after GstBaseSink's clock wait with
+/// sync, its own chain function with sync=false). Every frame arrives, complete and in order,
+/// and most were woken for early (ahead of their time with wake-ahead-us); with
+/// wake-early=false, none is. The producer and the consumer run on two CPUs (a consumer
 /// asleep on the producer's CPU is never woken early: it would take that CPU from the frame's
 /// way).
 #[test]
@@ -388,28 +390,33 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
         cpus.len() >= 2,
         "this test needs two CPUs, it may use {cpus:?}"
     );
-    for (on, sync) in [(true, true), (true, false), (false, true)] {
+    // wake-early, wake-ahead-us (None: the default), sync.
+    for (on, ahead, sync) in [
+        (true, None, true),
+        (true, Some(0), true),
+        (true, Some(0), false),
+        (false, None, true),
+    ] {
         let dir = tmpdir();
         let sock = dir.path().join("wakeearly.sock");
         let prop = format!("wake-early={on}");
         let sync_prop = format!("sync={sync}");
+        let mut args = vec![
+            "--schedule",
+            SCHEDULE,
+            "--sink-prop",
+            &prop,
+            "--sink-prop",
+            &sync_prop,
+            // Without sync the sink does not pace the stream: the producer does.
+            "--pace",
+        ];
+        let ahead_prop = ahead.map(|us: u32| format!("wake-ahead-us={us}"));
+        if let Some(a) = &ahead_prop {
+            args.extend(["--sink-prop", a]);
+        }
         let p = Proc::spawn(
-            pinned(
-                producer_command(
-                    &sock,
-                    &[
-                        "--schedule",
-                        SCHEDULE,
-                        "--sink-prop",
-                        &prop,
-                        "--sink-prop",
-                        &sync_prop,
-                        // Without sync the sink does not pace the stream: the producer does.
-                        "--pace",
-                    ],
-                ),
-                cpus[0],
-            ),
+            pinned(producer_command(&sock, &args), cpus[0]),
             "pattern_producer",
         );
         wait_for_path(&sock, Duration::from_secs(20));
@@ -428,8 +435,11 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
         assert!(ps.success(), "producer: {pout:?}");
         assert!(status.success(), "checker: {out:?}");
         assert_every_frame(&out, FRAMES);
-        let woken = num(&fields(&pout, "STATS "), "woken-early");
-        eprintln!("{prop} {sync_prop}: {woken} of {FRAMES} frames woken for early");
+        let stats = fields(&pout, "STATS ");
+        let (woken, woken_ahead) = (num(&stats, "woken-early"), num(&stats, "woken-ahead"));
+        eprintln!(
+            "{prop} {ahead_prop:?} {sync_prop}: {woken} of {FRAMES} frames woken for early, {woken_ahead} ahead of their time"
+        );
         if on {
             assert!(
                 woken >= (FRAMES / 2) as f64 && woken <= FRAMES as f64,
@@ -437,6 +447,15 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
             );
         } else {
             assert_eq!(woken, 0.0, "{pout:?}");
+        }
+        if on && ahead.is_none() {
+            // Each cadence is learnt in a few frames (and the pause's frame is rung for once).
+            assert!(
+                woken_ahead >= (FRAMES / 2) as f64 && woken_ahead <= woken,
+                "{woken_ahead} wake-ups ahead for {FRAMES} frames: {pout:?}"
+            );
+        } else {
+            assert_eq!(woken_ahead, 0.0, "{pout:?}");
         }
     }
 }

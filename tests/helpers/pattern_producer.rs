@@ -19,7 +19,7 @@
 //! camera does: keeps the cadence with sync=false, where the sink does not wait).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..
-//! spin-caught=.. spin-missed=.. woken-early=..` at the end, and `WARNING ...` for each warning on the bus.
+//! spin-caught=.. spin-missed=.. woken-early=.. woken-ahead=..` at the end, and `WARNING ...` for each warning on the bus.
 
 use gst::prelude::*;
 
@@ -278,14 +278,15 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let stats = sink.property::<gst::Structure>("stats");
     println!(
-        "STATS frames-sent={} frames-copied={} frames-dropped={} times-lagged={} spin-caught={} spin-missed={} woken-early={}",
+        "STATS frames-sent={} frames-copied={} frames-dropped={} times-lagged={} spin-caught={} spin-missed={} woken-early={} woken-ahead={}",
         stats.get::<u64>("frames-sent")?,
         stats.get::<u64>("frames-copied")?,
         stats.get::<u64>("frames-dropped")?,
         stats.get::<u64>("times-lagged")?,
         stats.get::<u64>("spin-caught")?,
         stats.get::<u64>("spin-missed")?,
-        stats.get::<u64>("woken-early")?
+        stats.get::<u64>("woken-early")?,
+        stats.get::<u64>("woken-ahead")?
     );
     if let Some(p) = pool {
         let _ = p.set_active(false);
