@@ -354,6 +354,21 @@ gpushm_status gpushm_publisher_wake_early(gpushm_publisher *publisher);
 // and frame.
 gpushm_status gpushm_publisher_woken_early(gpushm_publisher *publisher, uint64_t *count);
 
+// Wakes the consumers that sleep waiting for a frame `us` microseconds before each frame is
+// due, as learnt from the intervals between the last frames published, from a thread of the
+// publisher (0, the default: never; at most 1000). A consumer woken from a sleep of a few ms
+// takes tens of µs to run (60-80 on the H100 machine): woken ahead, it is up and polling
+// (at most 100 µs, once per frame) when the frame lands. For streams of at most 500 frames
+// a second, never for a frame already half an interval late (a stream that stops costs
+// nothing), once per frame (a frame woken for ahead is not woken for again by
+// `gpushm_publisher_wake_early`), by the same rules as `gpushm_publisher_wake_early` (its
+// CPU is the one the last frame was published from).
+gpushm_status gpushm_publisher_set_wake_ahead(gpushm_publisher *publisher, uint32_t us);
+
+// Consumers woken before a frame was due (`gpushm_publisher_set_wake_ahead`) so far, one per
+// consumer and frame (counted in `gpushm_publisher_woken_early` too).
+gpushm_status gpushm_publisher_woken_ahead(gpushm_publisher *publisher, uint64_t *count);
+
 // Consumers connected now.
 gpushm_status gpushm_publisher_num_clients(gpushm_publisher *publisher, uint32_t *count);
 

@@ -116,11 +116,20 @@ static int produce(const char *sock, int n, int eos)
      * (gpushm_publisher_wake_early) as its slot is acquired. */
     const char *early = getenv("CAPI_TEST_WAKE_EARLY_MS");
     long early_ms = early ? strtol(early, NULL, 10) : 0;
+    /* CAPI_TEST_WAKE_AHEAD_US: consumers woken that long before each frame is due
+     * (gpushm_publisher_set_wake_ahead) instead. */
+    const char *ahead = getenv("CAPI_TEST_WAKE_AHEAD_US");
     gpushm_publisher *p = NULL;
     if ((strncmp(sock, "stream:", 7) ? gpushm_publisher_open(sock, &o, &p)
                                      : gpushm_publisher_open_stream(sock + 7, &o, &p)) != GPUSHM_OK) {
         printf("FAIL publisher_open: %s\n", gpushm_last_error());
         return 1;
+    }
+    CHECK(gpushm_publisher_set_wake_ahead(p, 1001) == GPUSHM_ERROR_INVALID_ARGUMENT,
+          "set_wake_ahead(1001): over the most, 1000 µs");
+    if (ahead) {
+        CHECK(gpushm_publisher_set_wake_ahead(p, (uint32_t)strtoul(ahead, NULL, 10)) == GPUSHM_OK,
+              "set_wake_ahead: %s", gpushm_last_error());
     }
     printf("READY\n");
     fflush(stdout);
@@ -135,7 +144,7 @@ static int produce(const char *sock, int n, int eos)
         if (early_ms > 0) {
             struct timespec gap = {early_ms / 1000, (early_ms % 1000) * 1000000};
             nanosleep(&gap, NULL);
-            CHECK(gpushm_publisher_wake_early(p) == GPUSHM_OK, "wake_early: %s",
+            CHECK(ahead || gpushm_publisher_wake_early(p) == GPUSHM_OK, "wake_early: %s",
                   gpushm_last_error());
         }
         gpushm_slot *slot = NULL;
@@ -159,7 +168,11 @@ static int produce(const char *sock, int n, int eos)
     uint64_t woken = 0;
     CHECK(gpushm_publisher_woken_early(p, &woken) == GPUSHM_OK, "woken_early");
     CHECK(gpushm_publisher_woken_early(p, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "woken_early(NULL)");
-    printf("DONE woken_early=%llu\n", (unsigned long long)woken);
+    uint64_t woken_ahead = 0;
+    CHECK(gpushm_publisher_woken_ahead(p, &woken_ahead) == GPUSHM_OK, "woken_ahead");
+    CHECK(gpushm_publisher_woken_ahead(p, NULL) == GPUSHM_ERROR_INVALID_ARGUMENT, "woken_ahead(NULL)");
+    printf("DONE woken_early=%llu woken_ahead=%llu\n", (unsigned long long)woken,
+           (unsigned long long)woken_ahead);
     fflush(stdout);
     if (eos) {
         gpushm_publisher_send_eos(p);

@@ -119,9 +119,23 @@ grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat 
 taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
 wait "${pids[-1]}" || fail "the C producer (wake_early) failed: $(cat "$work/producer.log")"
 cmp "$work/got.raw" "$work/want.raw" || fail "wake_early: gpushmsrc got other bytes than the C producer published"
-woken=$(sed -n 's/^DONE woken_early=//p' "$work/producer.log")
+woken=$(sed -n 's/^DONE woken_early=\([0-9]*\).*/\1/p' "$work/producer.log")
 [ "${woken:-0}" -ge 15 ] && [ "$woken" -le 30 ] || fail "wake_early: $woken of 30 frames woken for early: $(cat "$work/producer.log")"
 say "C producer wake_early -> gpushmsrc: 30 frames equal, $woken woken for early"
+
+# 2b'. gpushm_publisher_set_wake_ahead: the same, the consumer woken 1 ms before each frame
+# is due by the publisher's own thread (no wake_early calls): most frames woken for ahead.
+sock=$work/cprodahead.sock; rm -f "$sock"
+CAPI_TEST_WAKE_EARLY_MS=20 CAPI_TEST_WAKE_AHEAD_US=1000 taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
+grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
+taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+wait "${pids[-1]}" || fail "the C producer (set_wake_ahead) failed: $(cat "$work/producer.log")"
+cmp "$work/got.raw" "$work/want.raw" || fail "set_wake_ahead: gpushmsrc got other bytes than the C producer published"
+ahead=$(sed -n 's/^DONE .*woken_ahead=//p' "$work/producer.log")
+[ "${ahead:-0}" -ge 15 ] && [ "$ahead" -le 30 ] || fail "set_wake_ahead: $ahead of 30 frames woken for ahead: $(cat "$work/producer.log")"
+say "C producer set_wake_ahead(1000) -> gpushmsrc: 30 frames equal, $ahead woken for ahead of their time"
 
 # 2c. Stream names: the C producer as stream c-cam read by gpushmsrc stream=c-cam, and a
 # gst-launch producer as stream gl-cam read by the C consumer (both in GPUSHM_RUNTIME_DIR).

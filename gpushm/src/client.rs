@@ -1891,7 +1891,7 @@ mod tests {
         let cam = camera(&dir, 8);
         // Generous times for a loaded CI machine: frames every 40 ms, woken 8 ms ahead.
         const EVERY: Duration = Duration::from_millis(40);
-        cam.set_wake_ahead(Duration::from_millis(8));
+        cam.set_wake_ahead(Duration::from_millis(8)).unwrap();
         let mut sub = connect(&dir, true);
         until("the client", || cam.num_clients() == 1);
         let ahead = || cam.stats().0.woken_ahead;

@@ -191,6 +191,10 @@ pub const WAKE_EARLY_GAP: Duration = Duration::from_micros(500);
 /// ([`Publisher::wake_early`]).
 pub const WAKE_AHEAD_MIN_INTERVAL: Duration = Duration::from_millis(2);
 
+/// The longest [`Publisher::set_wake_ahead`]: a woken consumer polls 100 µs at most, so
+/// that waking it more than a few hundred µs before the frame only costs it a second wake-up.
+pub const MAX_WAKE_AHEAD: Duration = Duration::from_millis(1);
+
 /// How late the connection thread's timed wake-ups came (the last few, ns): it asks to be
 /// woken that much earlier. Bounded: a machine too busy to keep time gets no more.
 const AHEAD_LATE_HISTORY: usize = 8;
@@ -1168,9 +1172,17 @@ impl<P: Send + 'static> Publisher<P> {
     /// a woken client polls at most [`crate::client::EARLY_WAKE_POLL`] once per frame it
     /// takes, then sleeps again): a wrong guess costs a client that much CPU, never a frame
     /// or a later one. A stream that stops costs nothing: no wake-up is rung for a frame
-    /// that is already half an interval late.
-    pub fn set_wake_ahead(&self, ahead: Duration) {
-        let ns = u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX);
+    /// that is already half an interval late. At most [`MAX_WAKE_AHEAD`] (else
+    /// [`Error::Invalid`]).
+    pub fn set_wake_ahead(&self, ahead: Duration) -> Result<()> {
+        if ahead > MAX_WAKE_AHEAD {
+            return Err(Error::Invalid(format!(
+                "a wake-up ahead of {} µs is over the most, {} µs",
+                ahead.as_micros(),
+                MAX_WAKE_AHEAD.as_micros()
+            )));
+        }
+        let ns = ahead.as_nanos() as u64;
         let mut inner = lock(&self.inner);
         if inner.wake_ahead_ns != ns {
             inner.wake_ahead_ns = ns;
@@ -1178,6 +1190,7 @@ impl<P: Send + 'static> Publisher<P> {
             // The connection thread plans again.
             shm::notify(&self.wake);
         }
+        Ok(())
     }
 
     /// When the connection thread rings clients ahead of the next frame.
@@ -2796,8 +2809,8 @@ impl FramePublisher {
     /// Wakes the consumers that sleep until a frame comes `ahead` before each frame is due,
     /// as learnt from the last frames' publish times (`Duration::ZERO`, the default: never).
     /// See [`Publisher::set_wake_ahead`].
-    pub fn set_wake_ahead(&self, ahead: Duration) {
-        self.engine.set_wake_ahead(ahead);
+    pub fn set_wake_ahead(&self, ahead: Duration) -> Result<()> {
+        self.engine.set_wake_ahead(ahead)
     }
 
     /// Whether frames go into GPU memory ([`Self::new_on_device`]).

@@ -353,6 +353,44 @@ def test_wake_early_wakes_a_python_subscriber_until_its_fileno_is_armed(sock):
     assert after == before, f"woken early after fileno(): {woken}"
 
 
+def test_wake_ahead_us_wakes_a_python_subscriber_before_each_frame_is_due(sock):
+    """Publisher(wake_ahead_us=...) wakes a Python subscriber asleep in next_frame on another
+    CPU before each frame is due, from the cadence of the last frames, with no wake_early()
+    call: most frames of a steady 25 fps stream are woken for ahead, every frame arrives in
+    order. Over the most (1000 µs) it is refused with ValueError."""
+    with pytest.raises(ValueError, match="wake_ahead_us=1001"):
+        gpushm.Publisher(sock, "GRAY8", 64, 48, wake_ahead_us=1001)
+    cpus = sorted(os.sched_getaffinity(0))
+    assert len(cpus) >= 2, f"this test needs two CPUs, it may use {cpus}"
+    n = 20
+    try:
+        os.sched_setaffinity(0, {cpus[1]})
+        with gpushm.Publisher(sock, "GRAY8", 64, 48, fps=25, wake_ahead_us=1000) as pub:
+            with gpushm.Subscriber(sock, mode="lossless") as sub:
+                wait_for_client(pub, "the subscriber")
+                got = []
+
+                def take():
+                    os.sched_setaffinity(0, {cpus[0]})
+                    for _ in range(n):
+                        with sub.next_frame(timeout=10) as f:
+                            got.append(int(np.asarray(f.planes[0])[0, 0]))
+
+                t = threading.Thread(target=take)
+                t.start()
+                for i in range(n):
+                    time.sleep(0.04)
+                    pub.publish(np.full(64 * 48, i + 1, dtype=np.uint8))
+                t.join(timeout=30)
+                assert not t.is_alive(), f"took {len(got)} of {n}"
+                ahead, early = pub.woken_ahead, pub.woken_early
+    finally:
+        os.sched_setaffinity(0, cpus)
+    assert got == list(range(1, n + 1))
+    # Three frames to learn the cadence, a few late on a loaded machine.
+    assert n // 2 <= ahead <= early <= n, f"{ahead} wake-ups ahead ({early} early) for {n} frames"
+
+
 def test_a_slot_is_never_written_once_published(sock):
     with gpushm.Publisher(sock, "GRAY8", 64, 48) as pub, gpushm.Publisher(sock + "2", "GRAY8", 64, 48) as other:
         slot = pub.acquire()

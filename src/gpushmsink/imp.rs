@@ -79,7 +79,7 @@ const DEFAULT_WAKE_EARLY: bool = true;
 /// machine; woken this long before the frame it is up and polling (for at most 100 µs) when
 /// the frame lands.
 const DEFAULT_WAKE_AHEAD_US: u32 = 120;
-const MAX_WAKE_AHEAD_US: u32 = 1000;
+const MAX_WAKE_AHEAD_US: u32 = gpushm::publisher::MAX_WAKE_AHEAD.as_micros() as u32;
 
 /// Caps travel in one control message.
 const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
@@ -240,7 +240,8 @@ impl GpuShmSink {
             true => self.wake_ahead_us.load(Ordering::Relaxed),
             false => 0,
         };
-        server.set_wake_ahead(std::time::Duration::from_micros(us.into()));
+        // Within the property's range, never over the core's most.
+        let _ = server.set_wake_ahead(std::time::Duration::from_micros(us.into()));
     }
 
     fn server(&self) -> Option<Arc<Server>> {
