@@ -1687,9 +1687,9 @@ pub unsafe extern "C" fn gpushm_publisher_woken_early(
 /// takes tens of µs to run (60-80 on the H100 machine): woken ahead, it is up and polling
 /// (at most 100 µs, once per frame) when the frame lands. For streams of at most 500 frames
 /// a second, never for a frame already half an interval late (a stream that stops costs
-/// nothing), once per frame (a frame woken for ahead is not woken for again by
-/// `gpushm_publisher_wake_early`), by the same rules as `gpushm_publisher_wake_early` (its
-/// CPU is the one the last frame was published from).
+/// one wake-up), once per frame (`gpushm_publisher_wake_early` rings again only for a frame
+/// that came more than 200 µs after it), by the same rules as `gpushm_publisher_wake_early`
+/// (its CPU is the one the last frame was published from).
 #[no_mangle]
 pub unsafe extern "C" fn gpushm_publisher_set_wake_ahead(
     publisher: *mut gpushm_publisher,

@@ -10,6 +10,9 @@
 //! of CPU per frame and never delays a frame: the descriptor is armed whenever we are not
 //! polling. A stream that pauses or stops costs one budget, then nothing: the budget is spent
 //! once per frame taken.
+//!
+//! The producer learns the same from its own publish times to wake sleeping consumers before
+//! a frame is due ([`Publisher::set_wake_ahead`](crate::publisher::Publisher::set_wake_ahead)).
 
 /// Intervals between frames kept to guess the next one (their median).
 const HISTORY: usize = 8;

@@ -1864,43 +1864,33 @@ mod tests {
             .sum()
     }
 
-    /// The connection thread of the one publisher this test runs (named gpushmsink-ipc), found
-    /// as the thread of that name that appears with it.
-    fn new_ipc_threads(before: &[i32]) -> Vec<i32> {
-        std::fs::read_dir("/proc/self/task")
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|tid| !before.contains(tid))
-            .filter(|tid| {
-                std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
-                    .is_ok_and(|c| c.trim() == "gpushmsink-ipc")
-            })
-            .collect()
-    }
-
     /// set_wake_ahead: the connection thread wakes a subscriber asleep waiting for a frame
-    /// before the frame is due (learnt from the cadence of the last frames), once per frame;
-    /// every frame comes, complete and in order. Not from the CPU the subscriber sleeps on,
-    /// and a stream that stops costs one wake-up, then nothing: the connection thread
-    /// sleeps through the pause.
+    /// before the frame is due (learnt from the cadence of the last frames), not as soon as
+    /// the last one went out: halfway between two frames nothing is rung yet, and just before
+    /// the next one is due the subscriber was rung and ran. Once per frame; every frame comes,
+    /// complete and in order. Not from the CPU the subscriber sleeps on, and a stream that
+    /// stops costs one wake-up ahead, then nothing: the connection thread sleeps through the
+    /// pause.
     #[test]
     fn wake_ahead_wakes_a_sleeping_subscriber_before_each_frame_is_due() {
         let (a, b) = two_cpus();
         let dir = scratch("wake-ahead");
-        let ipc_before = new_ipc_threads(&[]);
         let cam = camera(&dir, 8);
-        // Generous times for a loaded CI machine: frames every 40 ms, woken 8 ms ahead.
+        // Frames every 40 ms, woken the most allowed ahead (1 ms) for a loaded CI machine.
         const EVERY: Duration = Duration::from_millis(40);
-        cam.set_wake_ahead(Duration::from_millis(8)).unwrap();
+        const BEFORE: Duration = Duration::from_micros(400);
+        cam.set_wake_ahead(crate::publisher::MAX_WAKE_AHEAD)
+            .unwrap();
         let mut sub = connect(&dir, true);
         until("the client", || cam.num_clients() == 1);
+        until("the connection thread", || cam.connection_tid() != 0);
         let ahead = || cam.stats().0.woken_ahead;
         const N: u8 = 12;
         let (tx, rx) = std::sync::mpsc::channel();
         let consumer = std::thread::spawn(move || {
             pin(a);
             tx.send(nix::unistd::gettid().as_raw()).unwrap();
-            (1..=2 * N)
+            (1..=2 * N + 1)
                 .map(|v| {
                     let f = take(&mut sub);
                     (f.seq, filled_with(&f, v))
@@ -1909,33 +1899,36 @@ mod tests {
         });
         let tid = rx.recv().unwrap();
         pin(b);
-        let mut woken_before_due = 0;
+        let (mut woken_before_due, mut rung_too_soon) = (0, 0);
         for v in 1..=N {
             until("the subscriber to sleep", || sleeping(tid));
             let (rings, ran) = (ahead(), switches(tid));
-            // 4 ms before the frame is due (a cadence of EVERY once learnt).
-            std::thread::sleep(EVERY - Duration::from_millis(4));
+            std::thread::sleep(EVERY / 2);
+            if ahead() != rings {
+                rung_too_soon += 1;
+            }
+            // BEFORE the frame is due (a cadence of EVERY once learnt).
+            std::thread::sleep(EVERY / 2 - BEFORE);
             if ahead() == rings + 1 && switches(tid) > ran {
                 woken_before_due += 1;
             }
-            std::thread::sleep(Duration::from_millis(4));
+            std::thread::sleep(BEFORE);
             publish(&cam, v);
         }
-        // Three frames to learn the cadence, a few late on a loaded machine.
+        // Two frames to learn the cadence, a few late on a loaded machine.
         assert!(
-            woken_before_due >= N as usize - 5,
-            "woken ahead of {woken_before_due} of {N} frames (rung {})",
+            woken_before_due >= N as usize - 5 && rung_too_soon <= 2,
+            "woken before {woken_before_due} of {N} frames were due, rung halfway for {rung_too_soon} (rung {})",
             ahead()
         );
         // The stream stops: one wake-up for the frame that does not come, then none, and
         // the connection thread sleeps (its 100 ms rounds, not one per frame or a spin).
         std::thread::sleep(2 * EVERY);
-        let (rings, ipc) = (ahead(), new_ipc_threads(&ipc_before));
-        assert_eq!(ipc.len(), 1, "the connection thread: {ipc:?}");
-        let ran = switches(ipc[0]);
+        let rings = ahead();
+        let ran = switches(cam.connection_tid());
         std::thread::sleep(Duration::from_millis(600));
         assert_eq!(ahead(), rings, "rung in a pause");
-        let ran = switches(ipc[0]) - ran;
+        let ran = switches(cam.connection_tid()) - ran;
         assert!(
             ran <= 12,
             "the connection thread ran {ran} times in 600 ms of pause"
@@ -1954,10 +1947,26 @@ mod tests {
             publish(&cam, v);
         }
         assert!(ahead() > rings, "not woken ahead after the pause");
+        // A frame later than its wake-up ahead (the subscriber polled, then slept again) is
+        // still rung for as it comes (wake_early).
+        let rings = ahead();
+        until("the wake-up ahead of the last frame", || ahead() > rings);
+        std::thread::sleep(Duration::from_millis(5));
+        until("the subscriber to sleep again", || sleeping(tid));
+        let early = cam.stats().0.woken_early;
+        cam.wake_early();
+        assert_eq!(
+            cam.stats().0.woken_early,
+            early + 1,
+            "a late frame not rung for"
+        );
+        publish(&cam, 2 * N + 1);
         let got = consumer.join().unwrap();
         assert_eq!(
             got,
-            (1..=2 * N as u64).map(|s| (s, true)).collect::<Vec<_>>()
+            (1..=2 * N as u64 + 1)
+                .map(|s| (s, true))
+                .collect::<Vec<_>>()
         );
         drop(cam);
         std::fs::remove_dir_all(&dir).ok();

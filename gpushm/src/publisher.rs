@@ -195,6 +195,19 @@ pub const WAKE_AHEAD_MIN_INTERVAL: Duration = Duration::from_millis(2);
 /// that waking it more than a few hundred µs before the frame only costs it a second wake-up.
 pub const MAX_WAKE_AHEAD: Duration = Duration::from_millis(1);
 
+/// Whether `ahead` may be a [`Publisher::set_wake_ahead`]: at most [`MAX_WAKE_AHEAD`]; the
+/// one check behind every way to set it (the element's property, C, Python).
+pub fn check_wake_ahead(ahead: Duration) -> Result<()> {
+    if ahead > MAX_WAKE_AHEAD {
+        return Err(Error::Invalid(format!(
+            "a wake-up ahead of {} µs is over the most, {} µs",
+            ahead.as_micros(),
+            MAX_WAKE_AHEAD.as_micros()
+        )));
+    }
+    Ok(())
+}
+
 /// How late the connection thread's timed wake-ups came (the last few, ns): it asks to be
 /// woken that much earlier. Bounded: a machine too busy to keep time gets no more.
 const AHEAD_LATE_HISTORY: usize = 8;
@@ -436,9 +449,15 @@ struct Inner<P> {
     wake_ahead_ns: u64,
     /// The time the connection thread asked its poll to end at for a wake-up ahead (0: none).
     ahead_asked_ns: u64,
-    /// How late those polls ended (the last [`AHEAD_LATE_HISTORY`], ns).
+    /// How late those polls ended (the last [`AHEAD_LATE_HISTORY`], ns): `ahead_late_n` of
+    /// them, the next going at `ahead_late_at`.
     ahead_late: [u64; AHEAD_LATE_HISTORY],
     ahead_late_n: usize,
+    ahead_late_at: usize,
+    /// The frame (its seq) the connection thread rang ahead of last.
+    ahead_for: u64,
+    /// The frame that ring woke clients for (its seq), and when (CLOCK_MONOTONIC ns).
+    ahead_woke: (u64, u64),
     /// The connection thread waits for the next publish to plan a wake-up ahead: that
     /// publish wakes it.
     ahead_parked: bool,
@@ -479,6 +498,8 @@ pub struct Publisher<P: Send + 'static> {
     /// a hostile client sent can block (a socket lingering, a file on its FUSE mount), and
     /// neither the connection thread nor the producer may wait for that.
     reaper: Mutex<std::sync::mpsc::Sender<Box<dyn Send>>>,
+    /// The connection thread's id (0 until it runs), for tests that watch it.
+    connection_tid: std::sync::atomic::AtomicI32,
 }
 
 /// See [`Publisher::want_releases`]: clients stop waking the producer for each release when
@@ -750,6 +771,9 @@ impl<P: Send + 'static> Publisher<P> {
                 ahead_asked_ns: 0,
                 ahead_late: [0; AHEAD_LATE_HISTORY],
                 ahead_late_n: 0,
+                ahead_late_at: 0,
+                ahead_for: 0,
+                ahead_woke: (0, 0),
                 ahead_parked: false,
                 report: None,
             }),
@@ -764,6 +788,7 @@ impl<P: Send + 'static> Publisher<P> {
             on_event,
             thread: Mutex::new(None),
             reaper: Mutex::new(reap_tx),
+            connection_tid: std::sync::atomic::AtomicI32::new(0),
         });
         let weak = Arc::downgrade(&server);
         let handle = std::thread::Builder::new()
@@ -772,6 +797,12 @@ impl<P: Send + 'static> Publisher<P> {
                 // Its polls time wake-ups ahead of frames (set_wake_ahead): to the µs, not
                 // within the default 50 µs of slack.
                 let _ = nix::sys::prctl::set_timerslack(1_000);
+                if let Some(s) = weak.upgrade() {
+                    s.connection_tid.store(
+                        nix::unistd::gettid().as_raw(),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
                 while let Some(s) = weak.upgrade() {
                     if !s.serve_once() {
                         break;
@@ -1133,8 +1164,18 @@ impl<P: Send + 'static> Publisher<P> {
                 return;
             }
             inner.woken_early_for = inner.next_seq;
-            let gap = crate::monotonic_ns().saturating_sub(inner.last_publish_ns);
+            let now = crate::monotonic_ns();
+            let gap = now.saturating_sub(inner.last_publish_ns);
             if inner.last_publish_ns != 0 && gap < WAKE_EARLY_GAP.as_nanos() as u64 {
+                return;
+            }
+            // Clients woken ahead of this frame (set_wake_ahead) moments ago are waking up or
+            // polling for it: ringing them again is a system call on the frame's way for
+            // nothing. Rung longer ago (the frame is late), they have slept again.
+            let (seq, at) = inner.ahead_woke;
+            if seq == inner.next_seq
+                && now.saturating_sub(at) < 2 * crate::client::EARLY_WAKE_POLL.as_nanos() as u64
+            {
                 return;
             }
             Self::early_wake_list(inner, crate::layout::this_cpu())
@@ -1167,21 +1208,19 @@ impl<P: Send + 'static> Publisher<P> {
     /// machine); woken `ahead` before the frame, it is awake and polling the ring when the
     /// frame lands, as with its own low-latency mode
     /// ([`crate::client::ConnectOptions::spin`]), but the producer keeps the time for every
-    /// client. The rules of [`Self::wake_early`] hold (once per frame, that one included;
-    /// only clients asleep in a subscriber's wait, on another CPU than the one publishing;
+    /// client. The rules of [`Self::wake_early`] hold (once per frame: that one rings again
+    /// only for a frame that comes over 200 µs after its wake-up ahead, when its clients have
+    /// polled and slept again; only clients asleep in a subscriber's wait, on another CPU than
+    /// the one the last frame was published from;
     /// a woken client polls at most [`crate::client::EARLY_WAKE_POLL`] once per frame it
     /// takes, then sleeps again): a wrong guess costs a client that much CPU, never a frame
-    /// or a later one. A stream that stops costs nothing: no wake-up is rung for a frame
-    /// that is already half an interval late. At most [`MAX_WAKE_AHEAD`] (else
-    /// [`Error::Invalid`]).
+    /// or a later one (a frame later than the poll is still rung for as it comes, by
+    /// [`Self::wake_early`], and woken for by its publish). A stream that stops costs one
+    /// wake-up ahead, for the frame that does not come: none is rung for a frame already
+    /// half an interval late. At most [`MAX_WAKE_AHEAD`] (else [`Error::Invalid`], see
+    /// [`check_wake_ahead`]).
     pub fn set_wake_ahead(&self, ahead: Duration) -> Result<()> {
-        if ahead > MAX_WAKE_AHEAD {
-            return Err(Error::Invalid(format!(
-                "a wake-up ahead of {} µs is over the most, {} µs",
-                ahead.as_micros(),
-                MAX_WAKE_AHEAD.as_micros()
-            )));
-        }
+        check_wake_ahead(ahead)?;
         let ns = ahead.as_nanos() as u64;
         let mut inner = lock(&self.inner);
         if inner.wake_ahead_ns != ns {
@@ -1202,14 +1241,14 @@ impl<P: Send + 'static> Publisher<P> {
             inner.wake_ahead_ns + Self::ahead_late_ns(inner),
             inner.cadence.interval(),
             inner.cadence.last(),
-            inner.woken_early_for == inner.next_seq,
+            inner.ahead_for == inner.next_seq,
             now,
         )
     }
 
     /// How late the connection thread's timed polls end (the median of the last ones).
     fn ahead_late_ns(inner: &Inner<P>) -> u64 {
-        let n = inner.ahead_late_n.min(AHEAD_LATE_HISTORY);
+        let n = inner.ahead_late_n;
         if n == 0 {
             return 0;
         }
@@ -1220,8 +1259,9 @@ impl<P: Send + 'static> Publisher<P> {
     }
 
     /// The connection thread's wake-up ahead of a frame, when its time has come: rings the
-    /// clients (returns true) or plans the poll's end (`Some(ns)` in `until`).
-    fn wake_ahead_due(&self, until: &mut Option<u64>) -> bool {
+    /// clients (returns true) or plans the poll's end (`Some(ns)` in `until`). `timed_out`:
+    /// the poll that asked for it ended by its timeout (how late it ended is learnt).
+    fn wake_ahead_due(&self, until: &mut Option<u64>, timed_out: bool) -> bool {
         let now = crate::monotonic_ns();
         let wake = {
             let mut guard = lock(&self.inner);
@@ -1233,15 +1273,19 @@ impl<P: Send + 'static> Publisher<P> {
             inner.ahead_parked = plan == Ahead::Park;
             match plan {
                 Ahead::At(at) if at <= now => {
-                    if inner.ahead_asked_ns != 0 && now >= inner.ahead_asked_ns {
-                        let i = inner.ahead_late_n % AHEAD_LATE_HISTORY;
+                    if timed_out && inner.ahead_asked_ns != 0 && now >= inner.ahead_asked_ns {
+                        let i = inner.ahead_late_at;
                         inner.ahead_late[i] = (now - inner.ahead_asked_ns).min(AHEAD_LATE_MAX_NS);
-                        inner.ahead_late_n += 1;
+                        inner.ahead_late_at = (i + 1) % AHEAD_LATE_HISTORY;
+                        inner.ahead_late_n = (inner.ahead_late_n + 1).min(AHEAD_LATE_HISTORY);
                     }
                     inner.ahead_asked_ns = 0;
-                    inner.woken_early_for = inner.next_seq;
+                    inner.ahead_for = inner.next_seq;
                     let cpu = inner.publish_cpu;
                     let wake = Self::early_wake_list(inner, cpu);
+                    if !wake.is_empty() {
+                        inner.ahead_woke = (inner.next_seq, now);
+                    }
                     inner.stats.woken_ahead += wake.len() as u64;
                     wake
                 }
@@ -1264,7 +1308,12 @@ impl<P: Send + 'static> Publisher<P> {
 
     /// A new stream starts (flush or restart after EOS).
     pub fn clear_eos(&self) {
-        lock(&self.inner).eos = false;
+        let mut inner = lock(&self.inner);
+        inner.eos = false;
+        // A new stream: its cadence is learnt afresh, and the connection thread plans again.
+        inner.cadence = Default::default();
+        drop(inner);
+        shm::notify(&self.wake);
     }
 
     /// Publishes the frame in `slot` of ring `ring_gen` to every client, following `policy`:
@@ -1927,7 +1976,7 @@ impl<P: Send + 'static> Publisher<P> {
     fn serve_once(&self) -> bool {
         // A wake-up ahead of a frame first: the poll below ends when the next one is due.
         let mut ahead_at = None;
-        if self.wake_ahead_due(&mut ahead_at) {
+        if self.wake_ahead_due(&mut ahead_at, false) {
             return true;
         }
         // Collect what to poll under the lock, poll without it.
@@ -2004,6 +2053,10 @@ impl<P: Send + 'static> Publisher<P> {
             .map(|((_, k), _)| *k)
             .collect();
         drop(pfds);
+        // A wake-up ahead of a frame that came due: rung first, before this round's work.
+        if ahead_at.is_some_and(|at| crate::monotonic_ns() >= at) {
+            self.wake_ahead_due(&mut None, ready.is_empty());
+        }
 
         let mut inner = lock(&self.inner);
         if inner.shutdown {
@@ -2804,6 +2857,14 @@ impl FramePublisher {
     /// wake-up runs meanwhile. See [`Publisher::wake_early`] for when it wakes nobody.
     pub fn wake_early(&self) {
         self.engine.wake_early();
+    }
+
+    /// The connection thread's id, once it runs (0 before).
+    #[cfg(test)]
+    pub(crate) fn connection_tid(&self) -> i32 {
+        self.engine
+            .connection_tid
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Wakes the consumers that sleep until a frame comes `ahead` before each frame is due,

@@ -39,7 +39,7 @@ pub struct WritableSlot {
 /// the last frames published, from a thread of the publisher: woken from a sleep of a few ms
 /// (tens of µs on a core that idled), they are up and polling (at most 100 µs, once per
 /// frame) when the frame lands. For streams of at most 500 fps, never for a frame already
-/// half an interval late (a stream that stops costs nothing), once per frame, by the rules of
+/// half an interval late (a stream that stops costs one wake-up), once per frame, by the rules of
 /// `wake_early`.
 #[pyclass(module = "gpushm", name = "Publisher", frozen)]
 pub struct Publisher {
@@ -152,6 +152,9 @@ impl Publisher {
         wake_ahead_us: u32,
     ) -> PyResult<Self> {
         let spin = crate::errors::spin(spin_us)?;
+        let wake_ahead = std::time::Duration::from_micros(wake_ahead_us.into());
+        gpushm::publisher::check_wake_ahead(wake_ahead)
+            .map_err(|e| PyValueError::new_err(format!("wake_ahead_us={wake_ahead_us}: {e}")))?;
         let path = match crate::errors::endpoint(path, stream)? {
             gpushm::names::Endpoint::Path(p) => p,
             gpushm::names::Endpoint::Stream(n) => {
@@ -206,8 +209,7 @@ impl Publisher {
                 e => to_py(e),
             })?;
         p.set_spin(spin).map_err(to_py)?;
-        p.set_wake_ahead(std::time::Duration::from_micros(wake_ahead_us.into()))
-            .map_err(|e| PyValueError::new_err(format!("wake_ahead_us={wake_ahead_us}: {e}")))?;
+        p.set_wake_ahead(wake_ahead).map_err(to_py)?;
         Ok(Self {
             inner: Mutex::new(Some(Arc::new(p))),
             layout,

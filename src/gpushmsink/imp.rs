@@ -234,14 +234,19 @@ impl GpuShmSink {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
-    /// wake-ahead-us, as it applies with wake-early, to `server`.
-    fn apply_wake_ahead(&self, server: &Server) {
-        let us = match self.wake_early.load(Ordering::Relaxed) {
-            true => self.wake_ahead_us.load(Ordering::Relaxed),
-            false => 0,
-        };
-        // Within the property's range, never over the core's most.
-        let _ = server.set_wake_ahead(std::time::Duration::from_micros(us.into()));
+    /// wake-ahead-us, as it applies with wake-early, to the server if started. Read and
+    /// applied under the state lock: of two properties set at once, the last read is applied
+    /// last.
+    fn apply_wake_ahead(&self) {
+        let state = self.state();
+        if let State::Started { server, .. } = &*state {
+            let us = match self.wake_early.load(Ordering::Relaxed) {
+                true => self.wake_ahead_us.load(Ordering::Relaxed),
+                false => 0,
+            };
+            // Within the property's range, never over the core's most.
+            let _ = server.set_wake_ahead(std::time::Duration::from_micros(us.into()));
+        }
     }
 
     fn server(&self) -> Option<Arc<Server>> {
@@ -1317,7 +1322,7 @@ impl ObjectImpl for GpuShmSink {
                     .build(),
                 glib::ParamSpecUInt::builder("wake-ahead-us")
                     .nick("Wake consumers ahead")
-                    .blurb("With wake-early: also wake consumers that sleep waiting for a frame this many microseconds before the frame is due, from the stream's cadence (the median interval of the last frames' publish times), so that they are awake and polling when it lands, without a poll of their own (gpushmsrc spin-us): up to 90 µs less latency per hop on the H100 machine, for at most 100 µs of a consumer's polling per frame. Only for streams of at most 500 fps (a thread of the sink wakes once per frame to ring them), never for a frame already half an interval late (a stream that stops costs nothing), once per frame (that wake-up counts for wake-early's), and by wake-early's rules. 0 = off. Counted in stats as woken-ahead (and woken-early)")
+                    .blurb("With wake-early: also wake consumers that sleep waiting for a frame this many microseconds before the frame is due, from the stream's cadence (the median interval of the last frames' publish times), so that they are awake and polling when it lands, without a poll of their own (gpushmsrc spin-us): up to 90 µs less latency per hop on the H100 machine, for at most 100 µs of a consumer's polling per frame. Only for streams of at most 500 fps (a thread of the sink wakes once per frame to ring them), never for a frame already half an interval late (a stream that stops costs one wake-up), once per frame (that wake-up counts for wake-early's), and by wake-early's rules. 0 = off. Counted in stats as woken-ahead (and woken-early)")
                     .maximum(MAX_WAKE_AHEAD_US)
                     .default_value(DEFAULT_WAKE_AHEAD_US)
                     .mutable_playing()
@@ -1409,9 +1414,7 @@ impl ObjectImpl for GpuShmSink {
                         .store(value.get().expect("type checked"), Ordering::Relaxed);
                 }
                 drop(s);
-                if let Some(server) = self.server() {
-                    self.apply_wake_ahead(&server);
-                }
+                self.apply_wake_ahead();
             }
             "max-clients" => s.max_clients = value.get().expect("type checked"),
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
@@ -1638,7 +1641,6 @@ impl BaseSinkImpl for GpuShmSink {
             )
         })?;
         gst::debug!(CAT, imp = self, "listening on {}", path.display());
-        self.apply_wake_ahead(&server);
         // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
         // upstream asks (the pool option).
         let cuda = match s.cuda_register {
@@ -1669,6 +1671,8 @@ impl BaseSinkImpl for GpuShmSink {
             frames: None,
             _cpu_latency: crate::cpu_latency::hold(&*self.obj(), s.cpu_latency_us),
         };
+        // Once started: a property set meanwhile is applied by one side or the other.
+        self.apply_wake_ahead();
         Ok(())
     }
 
