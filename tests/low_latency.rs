@@ -440,9 +440,12 @@ fn gpushmsink_wake_early_wakes_a_sleeping_gpushmsrc_and_loses_nothing() {
         eprintln!(
             "{prop} {ahead_prop:?} {sync_prop}: {woken} of {FRAMES} frames woken for early, {woken_ahead} ahead of their time"
         );
+        // Once per frame as it comes; with wake-ahead-us, before it is due too (again as it
+        // comes only if it came over 200 µs late: while a new cadence is learnt).
+        let most = if ahead.is_none() { 2 * FRAMES } else { FRAMES };
         if on {
             assert!(
-                woken >= (FRAMES / 2) as f64 && woken <= FRAMES as f64,
+                woken >= (FRAMES / 2) as f64 && woken <= most as f64,
                 "{woken} early wake-ups for {FRAMES} frames: {pout:?}"
             );
         } else {
