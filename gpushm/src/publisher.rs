@@ -1258,52 +1258,48 @@ impl<P: Send + 'static> Publisher<P> {
         v[n / 2]
     }
 
-    /// The connection thread's wake-up ahead of a frame, when its time has come: rings the
-    /// clients (returns true) or plans the poll's end (`Some(ns)` in `until`). `timed_out`:
-    /// the poll that asked for it ended by its timeout (how late it ended is learnt).
-    fn wake_ahead_due(&self, until: &mut Option<u64>, timed_out: bool) -> bool {
-        let now = crate::monotonic_ns();
-        let wake = {
-            let mut guard = lock(&self.inner);
-            let inner = &mut *guard;
-            if inner.shutdown {
-                return false;
-            }
-            let plan = Self::ahead_plan(inner, now);
-            inner.ahead_parked = plan == Ahead::Park;
-            match plan {
-                Ahead::At(at) if at <= now => {
-                    if timed_out && inner.ahead_asked_ns != 0 && now >= inner.ahead_asked_ns {
-                        let i = inner.ahead_late_at;
-                        inner.ahead_late[i] = (now - inner.ahead_asked_ns).min(AHEAD_LATE_MAX_NS);
-                        inner.ahead_late_at = (i + 1) % AHEAD_LATE_HISTORY;
-                        inner.ahead_late_n = (inner.ahead_late_n + 1).min(AHEAD_LATE_HISTORY);
-                    }
-                    inner.ahead_asked_ns = 0;
-                    inner.ahead_for = inner.next_seq;
-                    let cpu = inner.publish_cpu;
-                    let wake = Self::early_wake_list(inner, cpu);
-                    if !wake.is_empty() {
-                        inner.ahead_woke = (inner.next_seq, now);
-                    }
-                    inner.stats.woken_ahead += wake.len() as u64;
-                    wake
-                }
-                Ahead::At(at) => {
-                    inner.ahead_asked_ns = at;
-                    *until = Some(at);
-                    return false;
-                }
-                Ahead::Off | Ahead::Park => {
-                    inner.ahead_asked_ns = 0;
-                    return false;
-                }
-            }
-        };
-        for d in wake {
-            d.ring();
+    /// The connection thread's wake-up ahead of a frame, under our lock: the doorbells to
+    /// ring now (`Ok`, rung by the caller once the lock is released), or when to look again
+    /// (`Err(Some(ns))`, CLOCK_MONOTONIC). `timed_out`: the poll that asked for it ended by
+    /// its timeout (how late it ended is learnt).
+    fn ahead_step(
+        inner: &mut Inner<P>,
+        timed_out: bool,
+    ) -> std::result::Result<Vec<Arc<shm::Doorbell>>, Option<u64>> {
+        if inner.wake_ahead_ns == 0 {
+            inner.ahead_parked = false;
+            return Err(None);
         }
-        true
+        let now = crate::monotonic_ns();
+        let plan = Self::ahead_plan(inner, now);
+        inner.ahead_parked = plan == Ahead::Park;
+        match plan {
+            Ahead::At(at) if at <= now => {
+                if timed_out && inner.ahead_asked_ns != 0 && now >= inner.ahead_asked_ns {
+                    let i = inner.ahead_late_at;
+                    inner.ahead_late[i] = (now - inner.ahead_asked_ns).min(AHEAD_LATE_MAX_NS);
+                    inner.ahead_late_at = (i + 1) % AHEAD_LATE_HISTORY;
+                    inner.ahead_late_n = (inner.ahead_late_n + 1).min(AHEAD_LATE_HISTORY);
+                }
+                inner.ahead_asked_ns = 0;
+                inner.ahead_for = inner.next_seq;
+                let cpu = inner.publish_cpu;
+                let wake = Self::early_wake_list(inner, cpu);
+                if !wake.is_empty() {
+                    inner.ahead_woke = (inner.next_seq, now);
+                }
+                inner.stats.woken_ahead += wake.len() as u64;
+                Ok(wake)
+            }
+            Ahead::At(at) => {
+                inner.ahead_asked_ns = at;
+                Err(Some(at))
+            }
+            Ahead::Off | Ahead::Park => {
+                inner.ahead_asked_ns = 0;
+                Err(None)
+            }
+        }
     }
 
     /// A new stream starts (flush or restart after EOS).
@@ -1974,17 +1970,23 @@ impl<P: Send + 'static> Publisher<P> {
 
     /// One round of the connection thread. Returns false when it should stop.
     fn serve_once(&self) -> bool {
-        // A wake-up ahead of a frame first: the poll below ends when the next one is due.
-        let mut ahead_at = None;
-        if self.wake_ahead_due(&mut ahead_at, false) {
-            return true;
-        }
         // Collect what to poll under the lock, poll without it.
-        let (raw, deadline, has_clients) = {
+        let (raw, deadline, has_clients, ahead_at) = {
             let mut inner = lock(&self.inner);
             if inner.shutdown {
                 return false;
             }
+            // A wake-up ahead of a frame first: the poll below ends when the next one is due.
+            let ahead_at = match Self::ahead_step(&mut inner, false) {
+                Ok(wake) => {
+                    drop(inner);
+                    for d in wake {
+                        d.ring();
+                    }
+                    return true;
+                }
+                Err(at) => at,
+            };
             // No poll is under way: the descriptors of removed clients can close now (on
             // the reaper thread).
             let closing = std::mem::take(&mut inner.closing);
@@ -2016,6 +2018,7 @@ impl<P: Send + 'static> Publisher<P> {
                     .chain(admit_at)
                     .min(),
                 !inner.clients.is_empty(),
+                ahead_at,
             )
         };
         let timeout = match deadline {
@@ -2055,7 +2058,10 @@ impl<P: Send + 'static> Publisher<P> {
         drop(pfds);
         // A wake-up ahead of a frame that came due: rung first, before this round's work.
         if ahead_at.is_some_and(|at| crate::monotonic_ns() >= at) {
-            self.wake_ahead_due(&mut None, ready.is_empty());
+            let wake = Self::ahead_step(&mut lock(&self.inner), ready.is_empty());
+            for d in wake.unwrap_or_default() {
+                d.ring();
+            }
         }
 
         let mut inner = lock(&self.inner);
