@@ -1585,9 +1585,14 @@ impl<P: Send + 'static> Publisher<P> {
         inner.rings[ri].ring.publish(slot, seq, &meta);
         inner.stats.frames_sent += 1;
         inner.rate.tick(meta.publish_ns);
+        // The CPU the frame's way runs on, for wake-ups ahead of the next frame: only after a
+        // gap (they are rung for streams with one), not on every frame of a fast one.
+        if meta.publish_ns.saturating_sub(inner.last_publish_ns) >= WAKE_EARLY_GAP.as_nanos() as u64
+        {
+            inner.publish_cpu = crate::layout::this_cpu();
+        }
         inner.last_publish_ns = meta.publish_ns;
         inner.cadence.record(meta.publish_ns);
-        inner.publish_cpu = crate::layout::this_cpu();
         // The connection thread waits for this frame to plan the next wake-up ahead.
         let poke = std::mem::take(&mut inner.ahead_parked);
         let entry = Entry {
