@@ -110,3 +110,11 @@ pub fn monotonic_ns() -> u64 {
         Err(_) => 0,
     }
 }
+
+/// Tests that time wake-ups between threads pinned to two CPUs: one at a time (a 2-core CI
+/// machine runs two tests at once, and one spinning would delay the other's wake-ups).
+#[cfg(test)]
+pub(crate) fn timing_test() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -3037,6 +3037,7 @@ mod tests {
     /// polls once per frame it takes), spends little CPU, and times out as asked.
     #[test]
     fn a_producer_ringing_early_without_end_costs_a_subscriber_one_poll() {
+        let _serial = crate::timing_test();
         let dir = std::env::temp_dir().join(format!("gpushm-pub-ring-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
