@@ -437,11 +437,10 @@ struct Inner<P> {
     admission: Admission,
     started: Instant,
     rate: RateMeter,
-    /// When the last frame was published (CLOCK_MONOTONIC ns; 0: none yet).
-    last_publish_ns: u64,
     /// The frame (its seq) that [`Publisher::wake_early`] woke clients for last.
     woken_early_for: u64,
-    /// The publish times of the last frames: when the next one is due.
+    /// The publish times of the last frames (the last one's, 0 before the first frame of a
+    /// stream): when the next one is due.
     cadence: crate::cadence::Cadence,
     /// The CPU (1 + it, see [`crate::layout::this_cpu`]) the last frame was published from.
     publish_cpu: u32,
@@ -763,7 +762,6 @@ impl<P: Send + 'static> Publisher<P> {
                     count: 0,
                     last: 0.0,
                 },
-                last_publish_ns: 0,
                 woken_early_for: 0,
                 cadence: Default::default(),
                 publish_cpu: 0,
@@ -1150,7 +1148,9 @@ impl<P: Send + 'static> Publisher<P> {
     ///
     /// So it is done only after a gap of [`WAKE_EARLY_GAP`] since the last frame (the cores
     /// of a faster stream do not idle deep, and the second wake-up is a system call more per
-    /// frame and client), at most once per frame, and only for clients that sleep in a
+    /// frame and client), at most once per frame (not within 200 µs of a wake-up ahead of the
+    /// same frame, [`Self::set_wake_ahead`]: its clients are still waking or polling), and
+    /// only for clients that sleep in a
     /// subscriber's wait (not those polling the doorbell in an event loop, which would see
     /// it readable for nothing) on another CPU than ours (a unix socket's wake-up asks the
     /// scheduler to run the woken thread on the waker's CPU, where it would take that CPU from
@@ -1165,8 +1165,8 @@ impl<P: Send + 'static> Publisher<P> {
             }
             inner.woken_early_for = inner.next_seq;
             let now = crate::monotonic_ns();
-            let gap = now.saturating_sub(inner.last_publish_ns);
-            if inner.last_publish_ns != 0 && gap < WAKE_EARLY_GAP.as_nanos() as u64 {
+            let last = inner.cadence.last();
+            if last != 0 && now.saturating_sub(last) < WAKE_EARLY_GAP.as_nanos() as u64 {
                 return;
             }
             // Clients woken ahead of this frame (set_wake_ahead) moments ago are waking up or
@@ -1232,9 +1232,9 @@ impl<P: Send + 'static> Publisher<P> {
         Ok(())
     }
 
-    /// When the connection thread rings clients ahead of the next frame.
+    /// When the connection thread rings clients ahead of the next frame (wake_ahead_ns set).
     fn ahead_plan(inner: &Inner<P>, now: u64) -> Ahead {
-        if inner.wake_ahead_ns == 0 || inner.eos || inner.clients.iter().all(|c| c.closed) {
+        if inner.eos || inner.clients.iter().all(|c| c.closed) {
             return Ahead::Off;
         }
         plan_ahead(
@@ -1587,11 +1587,10 @@ impl<P: Send + 'static> Publisher<P> {
         inner.rate.tick(meta.publish_ns);
         // The CPU the frame's way runs on, for wake-ups ahead of the next frame: only after a
         // gap (they are rung for streams with one), not on every frame of a fast one.
-        if meta.publish_ns.saturating_sub(inner.last_publish_ns) >= WAKE_EARLY_GAP.as_nanos() as u64
+        if meta.publish_ns.saturating_sub(inner.cadence.last()) >= WAKE_EARLY_GAP.as_nanos() as u64
         {
             inner.publish_cpu = crate::layout::this_cpu();
         }
-        inner.last_publish_ns = meta.publish_ns;
         inner.cadence.record(meta.publish_ns);
         // The connection thread waits for this frame to plan the next wake-up ahead.
         let poke = std::mem::take(&mut inner.ahead_parked);
