@@ -1668,13 +1668,18 @@ pub unsafe extern "C" fn gpushm_publisher_woken_early(
     publisher: *mut gpushm_publisher,
     count: *mut u64,
 ) -> gpushm_status {
+    publisher_count(publisher, count, |s| s.woken_early)
+}
+
+/// Writes one of `publisher`'s counts (picked from its stats) into `*count`.
+fn publisher_count(
+    publisher: *mut gpushm_publisher,
+    count: *mut u64,
+    pick: fn(&gpushm_core::publisher::Stats) -> u64,
+) -> gpushm_status {
     guard(|| {
         let out = out_ptr(count, "count")?;
-        let n = get(&PUBLISHERS, publisher as _, "publisher")?
-            .p
-            .stats()
-            .0
-            .woken_early;
+        let n = pick(&get(&PUBLISHERS, publisher as _, "publisher")?.p.stats().0);
         // SAFETY: checked non-NULL.
         unsafe { out.write(n) };
         Ok(GPUSHM_OK)
@@ -1710,17 +1715,7 @@ pub unsafe extern "C" fn gpushm_publisher_woken_ahead(
     publisher: *mut gpushm_publisher,
     count: *mut u64,
 ) -> gpushm_status {
-    guard(|| {
-        let out = out_ptr(count, "count")?;
-        let n = get(&PUBLISHERS, publisher as _, "publisher")?
-            .p
-            .stats()
-            .0
-            .woken_ahead;
-        // SAFETY: checked non-NULL.
-        unsafe { out.write(n) };
-        Ok(GPUSHM_OK)
-    })
+    publisher_count(publisher, count, |s| s.woken_ahead)
 }
 
 /// Consumers connected now.

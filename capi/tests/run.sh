@@ -111,28 +111,27 @@ say "C producer spin_us=2000 -> gpushmsrc: 30 frames equal"
 command -v taskset > /dev/null || fail "taskset (util-linux) is needed to pin the wake_early test"
 read -r cpu_a cpu_b < <(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0))[:2])')
 [ -n "$cpu_b" ] || fail "the wake_early test needs two CPUs, this may use only $cpu_a"
-sock=$work/cprodwake.sock; rm -f "$sock"
-CAPI_TEST_WAKE_EARLY_MS=20 taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
-grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
-taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
-wait "${pids[-1]}" || fail "the C producer (wake_early) failed: $(cat "$work/producer.log")"
-cmp "$work/got.raw" "$work/want.raw" || fail "wake_early: gpushmsrc got other bytes than the C producer published"
+# The C producer (a frame every 20 ms, with the variables given) on cpu_a, a lossless
+# gpushmsrc on cpu_b: every frame the same; the producer's DONE line stays in producer.log.
+pinned_c_producer() {
+    local what=$1 sock=$work/$2.sock; shift 2
+    rm -f "$sock"
+    env CAPI_TEST_WAKE_EARLY_MS=20 "$@" taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
+    grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
+    taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
+    wait "${pids[-1]}" || fail "the C producer ($what) failed: $(cat "$work/producer.log")"
+    cmp "$work/got.raw" "$work/want.raw" || fail "$what: gpushmsrc got other bytes than the C producer published"
+}
+pinned_c_producer wake_early cprodwake
 woken=$(sed -n 's/^DONE woken_early=\([0-9]*\).*/\1/p' "$work/producer.log")
 [ "${woken:-0}" -ge 15 ] && [ "$woken" -le 30 ] || fail "wake_early: $woken of 30 frames woken for early: $(cat "$work/producer.log")"
 say "C producer wake_early -> gpushmsrc: 30 frames equal, $woken woken for early"
 
 # 2b'. gpushm_publisher_set_wake_ahead: the same, the consumer woken 1 ms before each frame
 # is due by the publisher's own thread (no wake_early calls): most frames woken for ahead.
-sock=$work/cprodahead.sock; rm -f "$sock"
-CAPI_TEST_WAKE_EARLY_MS=20 CAPI_TEST_WAKE_AHEAD_US=1000 taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 500); do grep -q READY "$work/producer.log" && break; sleep 0.02; done
-grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
-taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"
-wait "${pids[-1]}" || fail "the C producer (set_wake_ahead) failed: $(cat "$work/producer.log")"
-cmp "$work/got.raw" "$work/want.raw" || fail "set_wake_ahead: gpushmsrc got other bytes than the C producer published"
+pinned_c_producer set_wake_ahead cprodahead CAPI_TEST_WAKE_AHEAD_US=1000
 ahead=$(sed -n 's/^DONE .*woken_ahead=//p' "$work/producer.log")
 [ "${ahead:-0}" -ge 15 ] && [ "$ahead" -le 30 ] || fail "set_wake_ahead: $ahead of 30 frames woken for ahead: $(cat "$work/producer.log")"
 say "C producer set_wake_ahead(1000) -> gpushmsrc: 30 frames equal, $ahead woken for ahead of their time"
