@@ -668,7 +668,15 @@ mod tests {
             ring_gen: 1,
             slot: 2
         }));
-        assert!(pch.take_releases().is_err());
+        // What the caller had gathered from other clients stays as it was.
+        let other = Entry {
+            seq: 9,
+            ring_gen: 1,
+            slot: 3,
+        };
+        let mut out = vec![other];
+        assert!(pch.take_releases_into(&mut out).is_err());
+        assert_eq!(out, vec![other]);
         assert_eq!(pch.outstanding().copied().collect::<Vec<_>>(), vec![held]);
 
         // Read position moved past what was written.

@@ -488,16 +488,23 @@ impl ClientChannel {
     /// Reads the frames the client gave back. Each must be one it holds; anything else is a
     /// protocol violation and the caller disconnects the client.
     pub fn take_releases(&mut self) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        self.take_releases_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::take_releases`], appending to `out`: the producer's way for every frame, which
+    /// allocates nothing once `out` has room. On an error `out` and what the client holds are
+    /// as they were.
+    pub fn take_releases_into(&mut self, out: &mut Vec<Entry>) -> Result<()> {
         // The release position first: a client takes a frame before it releases it, so once
         // a release is seen, the read position that took the frame is seen too (Acquire).
         // The other order can see a release of a frame not yet known as taken.
         let w = self.header().rel_wpos.load(Ordering::Acquire);
-        if w == self.rel_rpos {
-            // Nothing released: no allocation (this runs for every frame).
-            self.sync_taken()?;
-            return Ok(Vec::new());
-        }
         self.sync_taken()?;
+        if w == self.rel_rpos {
+            return Ok(());
+        }
         if w < self.rel_rpos || w - self.rel_rpos > self.capacity as u64 {
             return Err(Error::protocol(format!(
                 "client moved its release position to {w}, outside {}..={}",
@@ -505,10 +512,10 @@ impl ClientChannel {
                 self.rel_rpos + self.capacity as u64
             )));
         }
-        // Validate the whole batch before changing anything: on an error the caller drops
-        // the client and gives back everything it still holds, this batch included.
-        let mut out = Vec::new();
-        let mut held = self.held.clone();
+        // Validated as it goes: on an error, what this batch took out of `held` goes back,
+        // and the caller drops the client and gives back everything it still holds, this
+        // batch included.
+        let start = out.len();
         for pos in self.rel_rpos..w {
             let q = self.entry(1, pos);
             let seq = q.seq.load(Ordering::Relaxed);
@@ -518,20 +525,20 @@ impl ClientChannel {
                 ring_gen,
                 slot,
             };
-            let Some(i) = held.iter().position(|h| *h == e) else {
+            let Some(i) = self.held.iter().position(|h| *h == e) else {
+                self.held.extend(out.drain(start..));
                 return Err(Error::protocol(format!(
                     "client released frame {seq} (ring {ring_gen}, slot {slot}) that it does not hold"
                 )));
             };
-            held.swap_remove(i);
+            self.held.swap_remove(i);
             out.push(e);
         }
-        self.held = held;
         self.rel_rpos = w;
         self.header()
             .rel_rpos
             .store(self.rel_rpos, Ordering::Release);
-        Ok(out)
+        Ok(())
     }
 
     /// Every frame the client still references: what to give back when it goes away.

@@ -462,6 +462,9 @@ struct Inner<P> {
     ahead_parked: bool,
     /// The last Report built, sent again to queries within [`REPORT_INTERVAL`].
     report: Option<(Instant, Arc<StreamReport>)>,
+    /// What [`Publisher::reclaim_locked`] reads from release queues, kept between frames so
+    /// that the way of a frame allocates nothing.
+    released: Vec<Entry>,
 }
 
 /// How a server is set up, fixed at start.
@@ -774,6 +777,7 @@ impl<P: Send + 'static> Publisher<P> {
                 ahead_woke: (0, 0),
                 ahead_parked: false,
                 report: None,
+                released: Vec::new(),
             }),
             config,
             reserve: Mutex::new(std::fs::File::open("/dev/null").ok()),
@@ -1417,7 +1421,8 @@ impl<P: Send + 'static> Publisher<P> {
         // producer up for a whole max-wait is lagging: it is not waited for again until it
         // has caught up, so a stuck consumer costs the others one max-wait, once.
         // An `auto` client of a live stream is waited for only while it has hold credit.
-        let wait_start = Instant::now();
+        // Clock reads are few on the way of a frame: the loop above is short, `start` serves.
+        let wait_start = if reclaimed { Instant::now() } else { start };
         let deadline = wait_start.checked_add(policy.max_wait);
         let mut late: Vec<u32> = Vec::new();
         let mut held_by: Vec<u32> = Vec::new();
@@ -1432,7 +1437,6 @@ impl<P: Send + 'static> Publisher<P> {
             }
             let mut full = Vec::new();
             let mut failed = Vec::new();
-            let waited = wait_start.elapsed();
             // When the first bounded client runs out of credit.
             let mut credit_end: Option<Instant> = None;
             for c in inner
@@ -1448,7 +1452,7 @@ impl<P: Send + 'static> Publisher<P> {
                 match c.ch.sync_taken() {
                     Ok(()) => {
                         if Self::hold_bounded(c, meta.live) {
-                            if waited >= c.hold.left {
+                            if wait_start.elapsed() >= c.hold.left {
                                 // Its credit is spent: this frame skips it instead.
                                 c.lossless = false;
                                 if !std::mem::replace(&mut c.hold.spent, true) {
@@ -1729,21 +1733,21 @@ impl<P: Send + 'static> Publisher<P> {
     /// reader is done come free, and their parked owners go to `back`. Costs no system call;
     /// runs for every frame and every round of the connection thread.
     fn reclaim_locked(&self, inner: &mut Inner<P>, back: &mut Vec<(Requeue<P>, P)>) {
-        let mut released = Vec::new();
+        let mut released = std::mem::take(&mut inner.released);
         let mut failed = Vec::new();
         for c in inner.clients.iter_mut() {
-            match c.ch.take_releases() {
-                Ok(list) => released.extend(list),
-                Err(e) => failed.push((c.id, e.to_string())),
+            if let Err(e) = c.ch.take_releases_into(&mut released) {
+                failed.push((c.id, e.to_string()));
             }
         }
         if !released.is_empty() {
             // Slots move: whoever holds them now is slow, not hoarding.
             inner.starved_since = None;
         }
-        for e in released {
+        for e in released.drain(..) {
             Self::unref_slot(inner, e, back);
         }
+        inner.released = released;
         for (id, why) in failed {
             self.drop_client(inner, id, why);
         }

@@ -107,14 +107,11 @@ pub fn lock_published(buffer: &gst::BufferRef) {
     }
 }
 
-/// Undoes [`lock_published`] for a buffer whose slot no consumer holds, back in the pool.
-fn unlock(ring: Option<&ProducerRing>, buffer: &gst::BufferRef) {
-    let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) else {
-        return;
-    };
-    if mem.flags().contains(gst::MemoryFlags::READONLY)
-        && ring.is_some_and(|r| slot_of_buffer(r, buffer).is_some())
-    {
+/// Undoes [`lock_published`] for a buffer whose slot no consumer holds, back in the pool. Only
+/// for a buffer whose one memory is its slot's ([`slot_of_buffer`] said so when it came back,
+/// and a buffer the pool holds does not change): a foreign read-only memory stays read-only.
+fn unlock(buffer: &gst::BufferRef) {
+    if let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) {
         // SAFETY: as in lock_published; only the pool holds the buffer now.
         unsafe { (*mem.as_mut_ptr()).mini_object.flags &= !gst::ffi::GST_MEMORY_FLAG_READONLY };
     }
@@ -210,9 +207,9 @@ mod imp {
                 self.bump();
                 return;
             }
-            let ring = st.ring.clone();
             drop(st);
-            unlock(ring.as_deref(), &buffer);
+            // Parked by release_buffer, which found its slot's memory in it.
+            unlock(&buffer);
             self.parent_release_buffer(buffer);
             self.bump();
         }
@@ -440,7 +437,9 @@ mod imp {
                 }
                 _ => buffer,
             };
-            unlock(ring.as_deref(), &buffer);
+            if slot.is_some() {
+                unlock(&buffer);
+            }
             self.parent_release_buffer(buffer);
             self.bump();
         }
