@@ -100,7 +100,7 @@ impl Worker {
     /// The connection ended (or is given up for a writable one): the next step waits for a
     /// producer on the same path. Buffers of the old producer stay valid downstream: they
     /// keep their mapping alive.
-    pub(super) fn lost(&mut self, conn: Subscriber, why: &str) {
+    pub(super) fn lost(&mut self, conn: Box<Subscriber>, why: &str) {
         self.shared.connected.store(false, Ordering::Release);
         // Memories made ahead over the old rings' slots.
         self.spares.clear();
@@ -129,7 +129,7 @@ impl Worker {
     /// takes). A wake is a stop, a flush, or a request for a writable ring: the caller looks
     /// at the flags and calls again.
     #[allow(clippy::result_large_err)]
-    pub(super) fn open(&mut self) -> Result<Subscriber, Step> {
+    pub(super) fn open(&mut self) -> Result<Box<Subscriber>, Step> {
         if self.shared.want_writable.load(Ordering::Acquire) {
             self.cfg.opts.writable_ring = true;
         }
@@ -159,7 +159,7 @@ impl Worker {
                 self.fresh = true;
                 self.connected_once = true;
                 self.shared.connected.store(true, Ordering::Release);
-                Ok(conn)
+                Ok(Box::new(conn))
             }
             Err(Error::Interrupted) => {
                 self.stop.clear();

@@ -694,7 +694,9 @@ struct Worker {
     cfg: Config,
     shared: Arc<Shared>,
     stop: Waker,
-    conn: Option<Subscriber>,
+    /// Boxed: each step takes it out and puts it back, a pointer instead of the whole
+    /// subscriber moved twice a frame.
+    conn: Option<Box<Subscriber>>,
     connected_once: bool,
     /// EOS or a fatal error was handed out: nothing more is read.
     done: bool,
