@@ -33,6 +33,9 @@
 //! own (the last two); built with `--features stages`, a diagnostic build
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
+//! `bench core-tiny [--runs N] [--frames N]` (the transport alone, no GStreamer: the core
+//! crate's FramePublisher sends 64x64 GRAY8 frames flat out to a lossless Rust Subscriber in
+//! another process; frames a second and CPU time a frame of each),
 //! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
 //! against the Rust subscriber and gpushmsrc, rounds rotating which goes first, producer and
 //! consumer pinned to two CPUs, `--no-aslr`: consumers at the same addresses every run),
@@ -306,6 +309,109 @@ fn produce(args: &[String]) -> Result<(), String> {
         cpu_us as f64 / count.saturating_sub(1).max(1) as f64
     );
     Ok(())
+}
+
+/// `bench core-produce`: the core crate's FramePublisher (no GStreamer), 64x64 GRAY8 frames
+/// flat out, each stamped with CLOCK_MONOTONIC as `produce` stamps them, once a consumer is
+/// there; the same PRODUCER line.
+fn core_produce(args: &[String]) -> Result<(), String> {
+    use gpushm::format::{FrameLayout, VideoFormat};
+    let socket = arg(args, "--socket").unwrap_or_default();
+    let frames = num(args, "--frames", 100);
+    let layout = FrameLayout::new(VideoFormat::Gray8, 64, 64).ok_or("no 64x64 GRAY8 layout")?;
+    let cam = gpushm::publisher::FramePublisher::new(
+        std::path::Path::new(&socket),
+        layout,
+        (30, 1),
+        8,
+        gpushm::publisher::Config::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(timeout_s());
+    while cam.num_clients() == 0 {
+        if std::time::Instant::now() > deadline {
+            return Err("no consumer came".into());
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (cpu0, first) = (rusage().0, now());
+    for _ in 0..frames {
+        let mut slot = cam
+            .acquire(Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let t = now();
+        slot.bytes_mut()[..8].copy_from_slice(&t.to_le_bytes());
+        cam.publish(slot, Some(t)).map_err(|e| e.to_string())?;
+    }
+    let (cpu, last) = (rusage().0 - cpu0, now());
+    // Served until the consumer has read everything and gone.
+    while cam.num_clients() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    println!(
+        "PRODUCER frames={frames} fps={:.1} cpu_us_per_frame={:.2}",
+        frames as f64 * 1e9 / (last - first).max(1) as f64,
+        cpu as f64 / frames.max(1) as f64
+    );
+    Ok(())
+}
+
+/// `bench core-tiny`: the transport alone (see `core_produce`), against a lossless Rust
+/// Subscriber (`consume --transport sub`) in another process: per round, the frames a second
+/// the consumer got and each side's CPU time a frame.
+fn core_tiny(runs: u64, frames: u64) {
+    println!("\n## The transport alone: FramePublisher to Subscriber, 64x64 GRAY8 flat out, {frames} frames, {runs} round(s)\n");
+    println!("| round | delivered fps | CPU µs/frame: producer / consumer |");
+    println!("|---|---|---|");
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut fps = vec![];
+    for round in 1..=runs {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("core.sock");
+        let sock = sock.to_str().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(timeout_s());
+        let producer = Command::new(&exe)
+            .args([
+                "core-produce",
+                "--socket",
+                sock,
+                "--frames",
+                &frames.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the producer");
+        let consumer = Command::new(&exe)
+            .args(["consume", "--transport", "sub", "--socket", sock])
+            .args(["--frames", &frames.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the consumer");
+        let c = finish(consumer, deadline);
+        let p = finish(producer, deadline);
+        let c = parse(&String::from_utf8_lossy(&c.stdout), "CONSUMER");
+        let p = parse(&String::from_utf8_lossy(&p.stdout), "PRODUCER");
+        if c.is_none() || p.is_none() {
+            println!(
+                "| {round} | failed: no figures within {} s | |",
+                timeout_s()
+            );
+            continue;
+        }
+        fps.push(f(&c, "fps"));
+        println!(
+            "| {round} | {:.0} | {:.2} / {:.2} |",
+            f(&c, "fps"),
+            f(&p, "cpu_us_per_frame"),
+            f(&c, "cpu_us_per_frame")
+        );
+    }
+    fps.sort_by(f64::total_cmp);
+    if let Some(m) = fps.get(fps.len() / 2) {
+        println!("\nMedian delivered: {m:.0} frames/s");
+    }
 }
 
 /// The C API's bench consumer (capi/bench/c_consumer.c, built against an installed
@@ -2063,6 +2169,14 @@ fn main() {
         Some("floor-wait") => floor_wait(&args),
         Some("relay") => relay(&args),
         Some("flood") => flood(&args),
+        Some("core-produce") => core_produce(&args),
+        Some("core-tiny") => {
+            core_tiny(
+                num(&args, "--runs", 3).max(1),
+                num(&args, "--frames", 200_000),
+            );
+            Ok(())
+        }
         Some("capi") => {
             capi_mode(&args);
             Ok(())

@@ -14,7 +14,7 @@
 //! client memfd (one per connected consumer; both sides RW, only that consumer sees it)
 //! +-----------------+------------------------------+------------------------------+
 //! | ClientHeader    | delivery QueueEntry[capacity] | release QueueEntry[capacity] | latency u32[96] |
-//! | (128 B)         | producer -> consumer          | consumer -> producer         | consumer        |
+//! | (256 B)         | producer -> consumer          | consumer -> producer         | consumer        |
 //! +-----------------+------------------------------+------------------------------+-----------------+
 //! ```
 //!
@@ -39,8 +39,9 @@ pub const CLIENT_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHMC1");
 /// bytes per row and components ([`SlotDesc::plane_rows`]): a consumer of version 3 refuses a
 /// version 4 ring (and the other way round) with "ring layout version 4 is not supported (this
 /// side reads 3)", gpushmsrc as an element error at connection. Version 5 added the client
-/// block's latency histogram.
-pub const LAYOUT_VERSION: u32 = 5;
+/// block's latency histogram. Version 6 moved what the client writes in the client block's
+/// header 128 bytes away from what the producer writes (see [`ClientHeader`]).
+pub const LAYOUT_VERSION: u32 = 6;
 
 pub const MAX_PLANES: usize = 4;
 /// Upper bound for the slot count of one ring.
@@ -146,18 +147,18 @@ pub const STREAM_LIVE: u32 = 1;
 /// `SlotDesc::tc_flags` bit: the frame carries a time code.
 pub const TC_PRESENT: u32 = 1;
 
-/// Head of a client memfd.
+/// Head of a client memfd: a cache line written by the producer, and 128 bytes in, one written
+/// by the client. Both sides write their positions for every frame: on one line, each write
+/// took the line from the other side's core and each read took it back, several times a
+/// frame (`bench core-tiny` on the H100 machine: 15 % less CPU a frame on each side once apart).
 #[repr(C)]
 pub struct ClientHeader {
+    // The producer's line.
     pub magic: AtomicU64,
     pub version: AtomicU32,
     pub capacity: AtomicU32,
     /// Deliveries written (producer).
     pub wpos: AtomicU64,
-    /// Deliveries taken (consumer), or revoked by the producer with a CAS for a leaky client.
-    pub rpos: AtomicU64,
-    /// Releases written (consumer).
-    pub rel_wpos: AtomicU64,
     /// Releases consumed (producer).
     pub rel_rpos: AtomicU64,
     /// Frames this client did not get: revoked because it fell behind, or skipped because it
@@ -169,6 +170,22 @@ pub struct ClientHeader {
     /// Nonzero once the producer cut this client (producer), written before it takes the
     /// client's slots back: frames the client still holds may be overwritten from then on.
     pub revoked: AtomicU32,
+    /// Nonzero while the producer waits for slots to come back (producer): the client rings
+    /// the slot-released doorbell after a release only then. Otherwise the producer takes
+    /// releases when it publishes, and at least every 100 ms.
+    pub producer_waits: AtomicU32,
+    /// 1 + the CPU the producer's last wake-up ahead of a frame came from (producer; 0:
+    /// none): a client woken there sleeps again rather than poll on the producer's CPU.
+    pub early_wake_cpu: AtomicU32,
+    pub _reserved0: AtomicU64,
+    /// The line beside the producer's: x86 cores fetch cache lines in 128-byte pairs, so the
+    /// client's line starts 128 bytes in.
+    pub _pad: [AtomicU64; 8],
+    // The client's line.
+    /// Deliveries taken (consumer), or revoked by the producer with a CAS for a leaky client.
+    pub rpos: AtomicU64,
+    /// Releases written (consumer).
+    pub rel_wpos: AtomicU64,
     /// Frames the client copied out of the ring instead of keeping them zero-copy (client;
     /// a statistic the producer only reports).
     pub copied: AtomicU64,
@@ -178,19 +195,12 @@ pub struct ClientHeader {
     /// in a subscriber's wait, [`WAITS_POLLED`] while an event loop of the caller's polls the
     /// doorbell: only the first is woken ahead of a frame.
     pub consumer_waits: AtomicU32,
-    /// Nonzero while the producer waits for slots to come back (producer): the client rings
-    /// the slot-released doorbell after a release only then. Otherwise the producer takes
-    /// releases when it publishes, and at least every 100 ms.
-    pub producer_waits: AtomicU32,
     /// 1 + the CPU the client last went to sleep on in a subscriber's wait (client; 0:
     /// unknown). A unix socket's wake-up asks the scheduler to run the woken thread on the
     /// waker's CPU: the producer wakes no client ahead of a frame from that CPU, where the
     /// client would take the CPU from the producer's way to the frame.
     pub sleep_cpu: AtomicU32,
-    /// 1 + the CPU the producer's last wake-up ahead of a frame came from (producer; 0:
-    /// none): a client woken there sleeps again rather than poll on the producer's CPU.
-    pub early_wake_cpu: AtomicU32,
-    pub _reserved: [AtomicU64; 5],
+    pub _reserved: [AtomicU64; 12],
 }
 
 /// One frame handed to, or given back by, a client.
@@ -203,7 +213,7 @@ pub struct QueueEntry {
 
 pub const RING_HEADER_SIZE: usize = 256;
 pub const SLOT_DESC_SIZE: usize = 256;
-pub const CLIENT_HEADER_SIZE: usize = 128;
+pub const CLIENT_HEADER_SIZE: usize = 256;
 
 const _: () = assert!(size_of::<RingHeader>() == RING_HEADER_SIZE);
 const _: () = assert!(size_of::<SlotDesc>() == SLOT_DESC_SIZE);
@@ -216,13 +226,18 @@ const _: () = assert!(offset_of!(SlotDesc, buffer_flags) == 80);
 const _: () = assert!(offset_of!(SlotDesc, plane_offset) == 104);
 const _: () = assert!(offset_of!(SlotDesc, plane_stride) == 136);
 const _: () = assert!(offset_of!(ClientHeader, wpos) == 16);
-const _: () = assert!(offset_of!(ClientHeader, dropped) == 48);
-const _: () = assert!(offset_of!(ClientHeader, budget) == 56);
-const _: () = assert!(offset_of!(ClientHeader, revoked) == 60);
-const _: () = assert!(offset_of!(ClientHeader, copied) == 64);
-const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 72);
-const _: () = assert!(offset_of!(ClientHeader, sleep_cpu) == 80);
-const _: () = assert!(offset_of!(ClientHeader, early_wake_cpu) == 84);
+const _: () = assert!(offset_of!(ClientHeader, rel_rpos) == 24);
+const _: () = assert!(offset_of!(ClientHeader, dropped) == 32);
+const _: () = assert!(offset_of!(ClientHeader, budget) == 40);
+const _: () = assert!(offset_of!(ClientHeader, revoked) == 44);
+const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 48);
+const _: () = assert!(offset_of!(ClientHeader, early_wake_cpu) == 52);
+// The client's line starts a cache line of its own.
+const _: () = assert!(offset_of!(ClientHeader, rpos) == 128);
+const _: () = assert!(offset_of!(ClientHeader, rel_wpos) == 136);
+const _: () = assert!(offset_of!(ClientHeader, copied) == 144);
+const _: () = assert!(offset_of!(ClientHeader, consumer_waits) == 152);
+const _: () = assert!(offset_of!(ClientHeader, sleep_cpu) == 156);
 
 /// 1 + the CPU this thread runs on now (0: unknown), as [`ClientHeader::sleep_cpu`] and
 /// [`ClientHeader::early_wake_cpu`] hold it. A vDSO call, no system call.
@@ -235,7 +250,6 @@ pub const WAITS_SLEEPING: u32 = 1;
 /// [`ClientHeader::consumer_waits`]: the caller's event loop polls the frame-ready doorbell
 /// (rung after every delivery, never ahead of one).
 pub const WAITS_POLLED: u32 = 2;
-const _: () = assert!(offset_of!(ClientHeader, producer_waits) == 76);
 const _: () = assert!(offset_of!(SlotDesc, latency) == 152);
 const _: () = assert!(offset_of!(SlotDesc, tc_flags) == 160);
 const _: () = assert!(offset_of!(SlotDesc, plane_rows) == 200);

@@ -18,7 +18,7 @@ import gpushm
 PROTOCOL_VERSION = 6
 HELLO, WELCOME = 1, 2
 # ClientHeader.consumer_waits (gpushm/src/layout.rs asserts the offset).
-CONSUMER_WAITS = 72
+CONSUMER_WAITS = 152
 
 
 def raw_hello(path: str):
