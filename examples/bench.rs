@@ -317,7 +317,7 @@ fn produce(args: &[String]) -> Result<(), String> {
 fn core_produce(args: &[String]) -> Result<(), String> {
     use gpushm::format::{FrameLayout, VideoFormat};
     let socket = arg(args, "--socket").unwrap_or_default();
-    let frames = num(args, "--frames", 100);
+    let frames = num(args, "--frames", 100).max(1);
     let layout = FrameLayout::new(VideoFormat::Gray8, 64, 64).ok_or("no 64x64 GRAY8 layout")?;
     let cam = gpushm::publisher::FramePublisher::new(
         std::path::Path::new(&socket),
@@ -344,7 +344,8 @@ fn core_produce(args: &[String]) -> Result<(), String> {
         cam.publish(slot, Some(t)).map_err(|e| e.to_string())?;
     }
     let (cpu, last) = (rusage().0 - cpu0, now());
-    // Served until the consumer has read everything and gone.
+    // Served until the consumer has read everything and gone (10 s at most).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while cam.num_clients() > 0 && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -389,14 +390,19 @@ fn core_tiny(runs: u64, frames: u64) {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the consumer");
-        let c = finish(consumer, deadline);
-        let p = finish(producer, deadline);
-        let c = parse(&String::from_utf8_lossy(&c.stdout), "CONSUMER");
-        let p = parse(&String::from_utf8_lossy(&p.stdout), "PRODUCER");
-        if c.is_none() || p.is_none() {
+        let c_out = finish(consumer, deadline);
+        let p_out = finish(producer, deadline + Duration::from_secs(10));
+        let c = parse(&String::from_utf8_lossy(&c_out.stdout), "CONSUMER");
+        let p = parse(&String::from_utf8_lossy(&p_out.stdout), "PRODUCER");
+        // Every frame, or the round means nothing (a consumer cut as lagging loses some).
+        if c.is_none() || p.is_none() || f(&c, "frames") != frames as f64 {
+            let err = String::from_utf8_lossy(&c_out.stderr).to_string()
+                + &String::from_utf8_lossy(&p_out.stderr);
             println!(
-                "| {round} | failed: no figures within {} s | |",
-                timeout_s()
+                "| {round} | failed: {} of {frames} frames within {} s ({}) | |",
+                f(&c, "frames"),
+                timeout_s(),
+                err.trim().lines().last().unwrap_or("no error printed")
             );
             continue;
         }
@@ -409,8 +415,14 @@ fn core_tiny(runs: u64, frames: u64) {
         );
     }
     fps.sort_by(f64::total_cmp);
-    if let Some(m) = fps.get(fps.len() / 2) {
-        println!("\nMedian delivered: {m:.0} frames/s");
+    let n = fps.len();
+    if n > 0 {
+        let m = if n % 2 == 1 {
+            fps[n / 2]
+        } else {
+            (fps[n / 2 - 1] + fps[n / 2]) / 2.0
+        };
+        println!("\nMedian delivered: {m:.0} frames/s over {n} round(s)");
     }
 }
 

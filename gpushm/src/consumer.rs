@@ -5,7 +5,7 @@
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use memmap2::{Mmap, MmapMut};
@@ -331,6 +331,7 @@ impl ConsumerChannel {
                 "queue capacity {capacity} is out of range"
             )));
         }
+        Self::check_version(&fd)?;
         let size = client_block_size(capacity);
         shm::check_sealed_memfd(fd.as_fd(), size, "client control block")?;
         let mut map = shm::map_rw(&fd, size)?;
@@ -343,6 +344,7 @@ impl ConsumerChannel {
             rel: Mutex::new(0),
         };
         let h = ch.header();
+        // Looked at again in the whole mapping: the producer may have written it since.
         if h.magic.load(Ordering::Relaxed) != CLIENT_MAGIC
             || h.version.load(Ordering::Acquire) != LAYOUT_VERSION
             || h.capacity.load(Ordering::Relaxed) != capacity
@@ -354,6 +356,34 @@ impl ConsumerChannel {
         let w = h.rel_wpos.load(Ordering::Relaxed);
         *ch.rel.lock().unwrap_or_else(|e| e.into_inner()) = w;
         Ok(ch)
+    }
+
+    /// The block's magic and layout version, read before its size is checked: a producer of
+    /// another layout version (whose block has another size) is named as such, as a ring of
+    /// another version is.
+    fn check_version(fd: &OwnedFd) -> Result<()> {
+        shm::check_sealed_memfd(fd.as_fd(), 16, "client control block")?;
+        let map = shm::map_ro(fd, 16)?;
+        // SAFETY: 16 bytes mapped, page-aligned: the magic and the version of every layout,
+        // read as atomics (the producer may write them concurrently).
+        let (magic, version) = unsafe {
+            let p = map.as_ptr();
+            (
+                (*(p as *const AtomicU64)).load(Ordering::Relaxed),
+                (*(p.add(8) as *const AtomicU32)).load(Ordering::Acquire),
+            )
+        };
+        if magic != CLIENT_MAGIC {
+            return Err(Error::corrupt(
+                "client control block magic is wrong: this is not a gpushm client block",
+            ));
+        }
+        if version != LAYOUT_VERSION {
+            return Err(Error::corrupt(format!(
+                "client block layout version {version} is not supported (this side reads {LAYOUT_VERSION})"
+            )));
+        }
+        Ok(())
     }
 
     fn header(&self) -> &ClientHeader {
@@ -385,7 +415,10 @@ impl ConsumerChannel {
             // told must not make this one poll).
             h.sleep_cpu
                 .store(crate::layout::this_cpu(), Ordering::Relaxed);
-            h.early_wake_cpu.store(0, Ordering::Relaxed);
+            // Written only when set: the field sits on the producer's cache line.
+            if h.early_wake_cpu.load(Ordering::Relaxed) != 0 {
+                h.early_wake_cpu.store(0, Ordering::Relaxed);
+            }
         }
         h.consumer_waits.store(how, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -687,6 +720,38 @@ mod tests {
         let (mut pch, cch) = client_pair();
         cch.header().rel_wpos.store(1 << 40, Ordering::Relaxed);
         assert!(pch.take_releases().is_err());
+    }
+
+    /// A producer of another layout version (its client block of another size) is named as
+    /// such, as a ring of another version is, whether its block is smaller or larger.
+    #[test]
+    fn a_client_block_of_another_layout_version_is_named() {
+        for (version, less) in [(LAYOUT_VERSION - 1, 128), (LAYOUT_VERSION + 1, 0)] {
+            let size = client_block_size(CLIENT_QUEUE_CAPACITY) - less;
+            let fd = shm::create_sealed_memfd("gpushm-client", size).unwrap();
+            let mut map = shm::map_rw(&fd, size).unwrap();
+            map[..8].copy_from_slice(&CLIENT_MAGIC.to_le_bytes());
+            map[8..12].copy_from_slice(&version.to_le_bytes());
+            map[12..16].copy_from_slice(&CLIENT_QUEUE_CAPACITY.to_le_bytes());
+            let e = ConsumerChannel::open(fd, CLIENT_QUEUE_CAPACITY)
+                .err()
+                .expect("refused")
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "client block layout version {version} is not supported (this side reads {LAYOUT_VERSION})"
+                )),
+                "{e}"
+            );
+        }
+        // Not a client block at all.
+        let size = client_block_size(CLIENT_QUEUE_CAPACITY);
+        let fd = shm::create_sealed_memfd("gpushm-client", size).unwrap();
+        let e = ConsumerChannel::open(fd, CLIENT_QUEUE_CAPACITY)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(e.contains("not a gpushm client block"), "{e}");
     }
 
     #[test]

@@ -424,7 +424,8 @@ impl ClientChannel {
 
     /// Tells the client how many frames it may reference at once.
     pub fn set_budget(&mut self, budget: u32) {
-        // Stored only when it changes: the header's line is the client's to read each frame.
+        // Stored only when it changes: the client reads the producer's line of the header
+        // each frame.
         if self.budget != Some(budget) {
             self.budget = Some(budget);
             self.header().budget.store(budget, Ordering::Relaxed);

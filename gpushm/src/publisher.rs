@@ -1421,7 +1421,8 @@ impl<P: Send + 'static> Publisher<P> {
         // producer up for a whole max-wait is lagging: it is not waited for again until it
         // has caught up, so a stuck consumer costs the others one max-wait, once.
         // An `auto` client of a live stream is waited for only while it has hold credit.
-        // Clock reads are few on the way of a frame: the loop above is short, `start` serves.
+        // Without a reclaim no client can be full (only one that may be full triggers it), so
+        // the wait below ends at once and its start is not read: no clock read for it.
         let wait_start = if reclaimed { Instant::now() } else { start };
         let deadline = wait_start.checked_add(policy.max_wait);
         let mut late: Vec<u32> = Vec::new();

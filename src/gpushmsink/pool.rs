@@ -112,8 +112,10 @@ pub fn lock_published(buffer: &gst::BufferRef) {
 /// and a buffer the pool holds does not change): a foreign read-only memory stays read-only.
 fn unlock(buffer: &gst::BufferRef) {
     if let Some(mem) = (buffer.n_memory() == 1).then(|| buffer.peek_memory(0)) {
-        // SAFETY: as in lock_published; only the pool holds the buffer now.
-        unsafe { (*mem.as_mut_ptr()).mini_object.flags &= !gst::ffi::GST_MEMORY_FLAG_READONLY };
+        if mem.flags().contains(gst::MemoryFlags::READONLY) {
+            // SAFETY: as in lock_published; only the pool holds the buffer now.
+            unsafe { (*mem.as_mut_ptr()).mini_object.flags &= !gst::ffi::GST_MEMORY_FLAG_READONLY };
+        }
     }
 }
 
