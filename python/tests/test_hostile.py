@@ -17,7 +17,9 @@ import gpushm
 
 PROTOCOL_VERSION = 6
 HELLO, WELCOME = 1, 2
-# ClientHeader.consumer_waits (gpushm/src/layout.rs asserts the offset).
+# ClientHeader.consumer_waits in client block layout 6 (gpushm/src/layout.rs asserts the
+# offset); the test checks the block's version, so a new layout cannot leave it writing elsewhere.
+LAYOUT_VERSION = 6
 CONSUMER_WAITS = 152
 
 
@@ -47,6 +49,7 @@ def test_a_consumer_cannot_block_the_python_publisher_through_its_wake_up_descri
             if "eventfd" in os.readlink(f"/proc/self/fd/{fd}"):
                 os.write(fd, struct.pack("<Q", 0xFFFF_FFFF_FFFF_FFFE))
         block = mmap.mmap(memfd, os.fstat(memfd).st_size)
+        assert struct.unpack_from("<I", block, 8)[0] == LAYOUT_VERSION, "CONSUMER_WAITS is layout 6's"
         struct.pack_into("<I", block, CONSUMER_WAITS, 1)
         honest = gpushm.Subscriber(sock)
         deadline = time.monotonic() + 10
