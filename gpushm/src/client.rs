@@ -1557,28 +1557,54 @@ fn connect_nonblocking(
     wake: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<UnixStream> {
     use nix::errno::Errno;
-    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use nix::sys::socket::{
+        connect, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, UnixAddr,
+    };
+    // Blocking, but never past a slice of the time left: with the listener's backlog full, a
+    // blocking connect(2) waits in the listener's queue of connectors, woken in turn as room
+    // comes, where a non-blocking one retried later loses every race to clients already
+    // waiting there (a flood's). SO_SNDTIMEO bounds each wait (a stopped producer's full
+    // backlog would otherwise block it for good); `wake` is looked at between slices. The
+    // socket is ours alone until it is connected, and non-blocking from then on.
     let fd = socket(
         AddressFamily::Unix,
         SockType::Stream,
-        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        SockFlag::SOCK_CLOEXEC,
         None,
     )?;
     let addr = UnixAddr::new(path).map_err(|_| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "socket path too long")
     })?;
+    let slice = Duration::from_millis(if wake.is_some() { 10 } else { 100 });
     loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        // Zero would mean no bound at all: at least a microsecond.
+        let wait = left.min(slice).max(Duration::from_micros(1));
+        let tv = nix::sys::time::TimeVal::new(
+            wait.as_secs() as nix::sys::time::time_t,
+            wait.subsec_micros() as nix::sys::time::suseconds_t,
+        );
+        setsockopt(&fd, sockopt::SendTimeout, &tv)?;
         match connect(fd.as_raw_fd(), &addr) {
-            Ok(()) => return Ok(UnixStream::from(fd)),
-            Err(Errno::EAGAIN) if Instant::now() < deadline => match wake {
-                Some(w) => {
+            Ok(()) => {
+                let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(
+                    &fd,
+                    nix::fcntl::FcntlArg::F_GETFL,
+                )?);
+                nix::fcntl::fcntl(
+                    &fd,
+                    nix::fcntl::FcntlArg::F_SETFL(flags | nix::fcntl::OFlag::O_NONBLOCK),
+                )?;
+                return Ok(UnixStream::from(fd));
+            }
+            Err(Errno::EAGAIN) if Instant::now() < deadline => {
+                if let Some(w) = wake {
                     let mut pfd = [PollFd::new(w, PollFlags::POLLIN)];
-                    if poll(&mut pfd, PollTimeout::from(10u16)).unwrap_or(0) > 0 {
+                    if poll(&mut pfd, PollTimeout::ZERO).unwrap_or(0) > 0 {
                         return Err(Errno::EINTR.into());
                     }
                 }
-                None => std::thread::sleep(Duration::from_millis(10)),
-            },
+            }
             Err(Errno::EINTR) => {}
             Err(e) => return Err(e.into()),
         }
