@@ -19,6 +19,9 @@ w=${2:-64} h=${3:-64} format=${4:-GRAY8}
 command -v valgrind >/dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 # The bench's own knobs stay out of it.
 for v in $(env | sed -n 's/^\(GPUSHM_BENCH_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+for who in ${WHICH:-none prod cons}; do
+    case $who in none | prod | cons) ;; *) echo "WHICH: none, prod or cons, not $who" >&2; exit 2 ;; esac
+done
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 frames_args() { echo --width "$w" --height "$h" --frames "$1" --format "$format"; }
@@ -79,7 +82,6 @@ for who in ${WHICH:-none prod cons}; do
     none) label="producer alone (videotestsrc ! fakesink)" ;;
     prod) label="gpushmsink's process" ;;
     cons) label="gpushmsrc's process" ;;
-    *) echo "WHICH: none, prod or cons" >&2; exit 2 ;;
     esac
     echo "$label: $(((b - a) / 4000)) instructions/frame"
 done

@@ -469,7 +469,7 @@ impl Connection {
             // producer that was killed: try each; an error waiting cannot fix is final.
             let mut waiting = None;
             for path in ep.candidates()? {
-                match connect_nonblocking(&path, deadline, wake) {
+                match connect_bounded(&path, deadline, wake) {
                     Ok(s) => break 'found (s, path),
                     Err(e) if e.raw_os_error() == Some(nix::libc::EINTR) => {
                         return Err(Error::Interrupted)
@@ -1548,10 +1548,11 @@ pub fn query(ep: &Endpoint, timeout: Duration) -> Result<Queried> {
     }
 }
 
-/// connect(2) that never blocks: the listener's backlog full (EAGAIN: a producer that is
-/// stopped or swamped) is tried again every 10 ms until `deadline`, then returned; a readable
-/// `wake` returns EINTR. A path too long for a unix socket is InvalidInput (no errno).
-fn connect_nonblocking(
+/// connect(2) that never blocks past `deadline`: with the listener's backlog full (a producer
+/// that is stopped or swamped) it waits its turn in slices, then returns EAGAIN; a readable
+/// `wake` (looked at between slices) returns EINTR. A path too long for a unix socket is
+/// InvalidInput (no errno). The stream it returns is non-blocking.
+fn connect_bounded(
     path: &std::path::Path,
     deadline: Instant,
     wake: Option<BorrowedFd<'_>>,
@@ -1623,7 +1624,7 @@ fn backlog_full(path: &std::path::Path) -> Error {
 /// backlog would block connect(2) for good). A socket nobody listens on is `Error::Os` with
 /// ECONNREFUSED.
 fn connect_within(path: &std::path::Path, deadline: Instant) -> Result<UnixStream> {
-    connect_nonblocking(path, deadline, None).map_err(|e| match e.raw_os_error() {
+    connect_bounded(path, deadline, None).map_err(|e| match e.raw_os_error() {
         Some(nix::libc::EAGAIN) => backlog_full(path),
         Some(nix::libc::ECONNREFUSED) => Error::os(
             format!("{}: no producer listens (stale socket)", path.display()),
