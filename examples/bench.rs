@@ -92,6 +92,17 @@ fn faults_and_switches() -> (u64, u64, u64) {
     }
 }
 
+/// The median of the finite values of `v` (NaN when there are none).
+fn median(v: &[f64]) -> f64 {
+    let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 fn percentile(sorted: &[u64], p: f64) -> u64 {
     if sorted.is_empty() {
         return 0;
@@ -352,7 +363,7 @@ fn core_produce(args: &[String]) -> Result<(), String> {
     println!(
         "PRODUCER frames={frames} fps={:.1} cpu_us_per_frame={:.2}",
         frames as f64 * 1e9 / (last - first).max(1) as f64,
-        cpu as f64 / frames.max(1) as f64
+        cpu as f64 / frames as f64
     );
     Ok(())
 }
@@ -414,15 +425,12 @@ fn core_tiny(runs: u64, frames: u64) {
             f(&c, "cpu_us_per_frame")
         );
     }
-    fps.sort_by(f64::total_cmp);
-    let n = fps.len();
-    if n > 0 {
-        let m = if n % 2 == 1 {
-            fps[n / 2]
-        } else {
-            (fps[n / 2 - 1] + fps[n / 2]) / 2.0
-        };
-        println!("\nMedian delivered: {m:.0} frames/s over {n} round(s)");
+    if !fps.is_empty() {
+        println!(
+            "\nMedian delivered: {:.0} frames/s over {} round(s)",
+            median(&fps),
+            fps.len()
+        );
     }
 }
 
@@ -1569,15 +1577,6 @@ fn latency_only(
     cpu_latency: Option<u32>,
     wake_ahead: &[u32],
 ) {
-    let median = |v: &[f64]| -> f64 {
-        let mut v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
     let gpushm = |label: String| Mode {
         label,
         transport: "gpushm",
@@ -1826,15 +1825,6 @@ fn tiny_frames(runs: u64, spin: u64) {
             );
         }
     }
-    let median = |v: &[f64]| -> f64 {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => f64::NAN,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    };
     let shm = median(&delivered[modes.len() - 1]);
     println!(
         "\nMedians over {runs} round(s), producer alone {:.0} fps:\n",

@@ -534,12 +534,7 @@ impl Connection {
                 }
             )));
         }
-        stream.set_nonblocking(true).map_err(|e| {
-            Error::os(
-                "fcntl",
-                nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)),
-            )
-        })?;
+        // Non-blocking already (connect_bounded).
         let mut conn = Conn::new(stream);
         conn.send(
             &Message::Hello {
@@ -1588,15 +1583,9 @@ fn connect_bounded(
         setsockopt(&fd, sockopt::SendTimeout, &tv)?;
         match connect(fd.as_raw_fd(), &addr) {
             Ok(()) => {
-                let flags = nix::fcntl::OFlag::from_bits_truncate(nix::fcntl::fcntl(
-                    &fd,
-                    nix::fcntl::FcntlArg::F_GETFL,
-                )?);
-                nix::fcntl::fcntl(
-                    &fd,
-                    nix::fcntl::FcntlArg::F_SETFL(flags | nix::fcntl::OFlag::O_NONBLOCK),
-                )?;
-                return Ok(UnixStream::from(fd));
+                let stream = UnixStream::from(fd);
+                stream.set_nonblocking(true)?;
+                return Ok(stream);
             }
             Err(Errno::EAGAIN) if Instant::now() < deadline => {
                 if let Some(w) = wake {
@@ -1645,6 +1634,22 @@ mod tests {
             std::env::temp_dir().join(format!("gpushm-client-test-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    /// The control socket a consumer connects is non-blocking: its thread never blocks on a
+    /// producer that stopped reading or writing (the connect itself blocks in bounded slices).
+    #[test]
+    fn a_connected_control_socket_is_non_blocking() {
+        let dir = scratch("nonblocking");
+        let path = dir.join("s.sock");
+        let _ = std::fs::remove_file(&path);
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let s = connect_bounded(&path, Instant::now() + Duration::from_secs(5), None).unwrap();
+        let flags = nix::fcntl::fcntl(&s, nix::fcntl::FcntlArg::F_GETFL).unwrap();
+        assert!(
+            nix::fcntl::OFlag::from_bits_truncate(flags).contains(nix::fcntl::OFlag::O_NONBLOCK)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn until(what: &str, mut f: impl FnMut() -> bool) {
