@@ -34,7 +34,7 @@
 //! that writes into frames, it also prints each stage of a frame's way, see src/stages.rs),
 //! `bench flood` (a producer's cost of a connection flood, and what its consumer sees),
 //! `bench core-tiny [--runs N] [--frames N]` (the transport alone, no GStreamer: the core
-//! crate's FramePublisher sends 64x64 GRAY8 frames flat out to a lossless Rust Subscriber in
+//! crate's Publisher sends 64x64 GRAY8 frames flat out to a lossless Rust Subscriber in
 //! another process; frames a second and CPU time a frame of each),
 //! `bench capi [--rounds N] [--no-pin] [--no-aslr] [--only tiny|1080p]` (the C API's consumer
 //! against the Rust subscriber and gpushmsrc, rounds rotating which goes first, producer and
@@ -51,7 +51,7 @@ use std::time::Duration;
 use gst::prelude::*;
 
 fn now() -> u64 {
-    gstgpushm::ring::monotonic_ns()
+    gpushm::monotonic_ns()
 }
 
 fn arg(args: &[String], key: &str) -> Option<String> {
@@ -131,7 +131,7 @@ fn run_pipeline(pipeline: &gst::Element, timeout: Duration) -> Result<(), String
 }
 
 /// A producer that is not the bottleneck: eight frames rendered once, then published again
-/// and again without being redrawn. gpushm: the core's FramePublisher republishes its slots;
+/// and again without being redrawn. gpushm: the core's Publisher republishes its slots;
 /// shm: appsrc pushes the same eight buffers into shmsink (which copies each, as it must).
 fn produce_prerendered(args: &[String]) -> Result<(), String> {
     let transport = arg(args, "--transport").unwrap_or_default();
@@ -148,10 +148,10 @@ fn produce_prerendered(args: &[String]) -> Result<(), String> {
         *count += 1;
     };
     if transport == "gpushm" {
-        use gstgpushm::ring::format::{FrameLayout, VideoFormat};
-        use gstgpushm::ring::publisher::{Config, FramePublisher};
+        use gpushm::format::{FrameLayout, VideoFormat};
+        use gpushm::publisher::{Config, Publisher};
         let layout = FrameLayout::new(VideoFormat::Nv12, w as u32, h as u32).ok_or("size")?;
-        let publisher = FramePublisher::new(
+        let publisher = Publisher::new(
             std::path::Path::new(&socket),
             layout,
             (30, 1),
@@ -322,7 +322,7 @@ fn produce(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `bench core-produce`: the core crate's FramePublisher (no GStreamer), 64x64 GRAY8 frames
+/// `bench core-produce`: the core crate's Publisher (no GStreamer), 64x64 GRAY8 frames
 /// flat out, each stamped with CLOCK_MONOTONIC as `produce` stamps them, once a consumer is
 /// there; the same PRODUCER line.
 fn core_produce(args: &[String]) -> Result<(), String> {
@@ -330,7 +330,7 @@ fn core_produce(args: &[String]) -> Result<(), String> {
     let socket = arg(args, "--socket").unwrap_or_default();
     let frames = num(args, "--frames", 100).max(1);
     let layout = FrameLayout::new(VideoFormat::Gray8, 64, 64).ok_or("no 64x64 GRAY8 layout")?;
-    let cam = gpushm::publisher::FramePublisher::new(
+    let cam = gpushm::publisher::Publisher::new(
         std::path::Path::new(&socket),
         layout,
         (30, 1),
@@ -372,7 +372,7 @@ fn core_produce(args: &[String]) -> Result<(), String> {
 /// Subscriber (`consume --transport sub`) in another process: per round, the frames a second
 /// the consumer got and each side's CPU time a frame.
 fn core_tiny(runs: u64, frames: u64) {
-    println!("\n## The transport alone: FramePublisher to Subscriber, 64x64 GRAY8 flat out, {frames} frames, {runs} round(s)\n");
+    println!("\n## The transport alone: Publisher to Subscriber, 64x64 GRAY8 flat out, {frames} frames, {runs} round(s)\n");
     println!("| round | delivered fps | CPU µs/frame: producer / consumer |");
     println!("|---|---|---|");
     let exe = std::env::current_exe().expect("current_exe");
@@ -451,12 +451,12 @@ fn c_consumer() -> std::path::PathBuf {
 fn subscribe(args: &[String]) -> Result<(), String> {
     let socket = arg(args, "--socket").unwrap_or_default();
     let frames = num(args, "--frames", 100) as usize;
-    let opts = gpushm::client::ConnectOptions {
-        mode: gpushm::client::Delivery::Lossless,
+    let opts = gpushm::subscriber::ConnectOptions {
+        mode: gpushm::policy::Delivery::Lossless,
         timeout: Duration::from_secs(30),
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(std::path::Path::new(&socket), opts)
+    let mut sub = gpushm::subscriber::Subscriber::connect(std::path::Path::new(&socket), opts)
         .map_err(|e| e.to_string())?;
     let mut lat = Vec::with_capacity(frames);
     let (mut cpu0, mut first, mut last) = (0, 0, 0);
@@ -510,7 +510,7 @@ fn subscribe(args: &[String]) -> Result<(), String> {
 /// drop (the frame is there already: no wait). The same COLD lines as c_cold.
 fn cold(args: &[String]) -> Result<(), String> {
     use gpushm::format::{FrameLayout, VideoFormat};
-    use gpushm::publisher::{Config, FramePublisher};
+    use gpushm::publisher::{Config, Publisher};
     let n = num(args, "--frames", 500).max(1) as usize;
     let evict_mib = num(args, "--evict-mib", 16) as usize;
     let nap = Duration::from_micros(num(args, "--sleep-us", 1000));
@@ -518,13 +518,14 @@ fn cold(args: &[String]) -> Result<(), String> {
     let path = dir.path().join("cold.sock");
     let layout =
         FrameLayout::new(VideoFormat::from_name("GRAY8").ok_or("GRAY8")?, 64, 64).ok_or("64x64")?;
-    let p = FramePublisher::new(&path, layout, (60, 1), 8, Config::default())
-        .map_err(|e| e.to_string())?;
-    let opts = gpushm::client::ConnectOptions {
-        mode: gpushm::client::Delivery::Lossless,
+    let p =
+        Publisher::new(&path, layout, (60, 1), 8, Config::default()).map_err(|e| e.to_string())?;
+    let opts = gpushm::subscriber::ConnectOptions {
+        mode: gpushm::policy::Delivery::Lossless,
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(&path, opts).map_err(|e| e.to_string())?;
+    let mut sub =
+        gpushm::subscriber::Subscriber::connect(&path, opts).map_err(|e| e.to_string())?;
     let mut evict = vec![0u8; evict_mib << 20];
     let second = Some(Duration::from_secs(1));
     for (pass, what) in ["rust cold", "rust warm"].into_iter().enumerate() {
@@ -1180,7 +1181,7 @@ fn cpu_latency_arg(args: &[String]) -> Result<Option<u32>, String> {
     let us = v
         .parse::<u32>()
         .map_err(|_| format!("bench latency --cpu-latency-us {v}: µs from 0 to 1000000"))?;
-    gstgpushm::ring::cpu_latency::CpuLatency::request(us)
+    gpushm::cpu_latency::CpuLatency::request(us)
         .map_err(|e| format!("bench latency --cpu-latency-us {us}: {e}"))?;
     Ok(Some(us))
 }
@@ -1869,7 +1870,7 @@ fn gpu_mode() {
     if let Ok(dev) = gstgpushm::cuda::device(-1) {
         if let (Ok(mut gpu), Ok(ring)) = (
             gstgpushm::cuda::kernels::GpuSummer::new(&dev),
-            gstgpushm::ring::producer::ProducerRing::create(1, 2, 3840 * 2160 * 3 / 2, false),
+            gpushm::ring::producer_end::ProducerRing::create(1, 2, 3840 * 2160 * 3 / 2, false),
         ) {
             let (base, len) = ring.mapping();
             // SAFETY: the ring outlives the registration.
@@ -1952,12 +1953,12 @@ fn flood(args: &[String]) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", pp.display()))?;
     let pid = child.id();
     let result = (|| {
-        let opts = gpushm::client::ConnectOptions {
+        let opts = gpushm::subscriber::ConnectOptions {
             timeout: Duration::from_secs(10),
             ..Default::default()
         };
         let mut sub =
-            gpushm::client::Subscriber::connect(&sock, opts).map_err(|e| e.to_string())?;
+            gpushm::subscriber::Subscriber::connect(&sock, opts).map_err(|e| e.to_string())?;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         // The consumer: frames and the longest gap between two, per phase.
         let phase = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -2013,12 +2014,12 @@ fn flood(args: &[String]) -> Result<(), String> {
         // A consumer that starts during the flood: how long until its first frame.
         let late = (|| {
             let start = now();
-            let opts = gpushm::client::ConnectOptions {
+            let opts = gpushm::subscriber::ConnectOptions {
                 timeout: Duration::from_secs(30),
                 ..Default::default()
             };
             let mut s =
-                gpushm::client::Subscriber::connect(&sock, opts).map_err(|e| e.to_string())?;
+                gpushm::subscriber::Subscriber::connect(&sock, opts).map_err(|e| e.to_string())?;
             match s.next_frame(Some(Duration::from_secs(30))) {
                 Ok(Some(_)) => Ok((now() - start) as f64 / 1e6),
                 Ok(None) => Err("end of stream".to_string()),
@@ -2075,8 +2076,8 @@ fn flood(args: &[String]) -> Result<(), String> {
 /// memory (the limit), in one process and one run. The cudasum kernel's per-frame time
 /// (median of 50) over the frame's bytes, and a plain read kernel's best time.
 fn device_ring_mode() {
+    use gpushm::ring::producer_end::ProducerRing;
     use gstgpushm::cuda::{self, kernels::PlaneJob};
-    use gstgpushm::ring::producer::ProducerRing;
     println!("\n## Reading a 4K NV12 frame on the GPU: device ring, host ring, device memory\n");
     let dev = match cuda::device(-1) {
         Ok(d) => d,
@@ -2115,7 +2116,7 @@ fn device_ring_mode() {
     println!("| frame in | cudasum kernel GB/s (median) | plain read kernel GB/s (best) |");
     println!("|---|---|---|");
     let device_ring = ProducerRing::create(1, 2, len as u64, false).and_then(|r| {
-        cuda::vmm::place_ring(&r, &dev).map_err(|e| gstgpushm::ring::Error::Invalid(e.0))?;
+        cuda::vmm::place_ring(&r, &dev).map_err(|e| gpushm::Error::Invalid(e.0))?;
         Ok(r)
     });
     let host_ring = ProducerRing::create(1, 2, len as u64, false);

@@ -8,9 +8,9 @@
 //! registered once with cuMemHostRegister, exactly as gpushmsrc does. Sums are checked against
 //! the CPU. Prints a markdown table.
 
+use gpushm::ring::producer_end::ProducerRing;
 use gstgpushm::cuda::kernels::{GpuSummer, PlaneJob};
 use gstgpushm::cuda::register::HostRegistration;
-use gstgpushm::ring::producer::ProducerRing;
 use gstgpushm::sum_planes as sp;
 
 fn main() {

@@ -6,7 +6,7 @@
 use gst::glib;
 use gst::prelude::*;
 
-use crate::ring::cpu_latency::{CpuLatency, MAX_US};
+use gpushm::cpu_latency::{CpuLatency, MAX_US};
 
 /// The property's default: the system's own setting.
 pub const DEFAULT: i32 = -1;

@@ -69,9 +69,9 @@ pub fn plane_components(info: &gst_video::VideoInfo, p: usize) -> gpushm::format
 /// Fills the rows, visible bytes a row and components of each plane of `m` (whose strides
 /// are set): what a consumer needs to view the frame. A plane without a fixed pixel stride is
 /// published as whole rows of bytes; tiled formats get no rows (consumers read them whole).
-pub fn describe_planes(info: &gst_video::VideoInfo, m: &mut gpushm::frame::FrameMeta) {
+pub fn describe_planes(info: &gst_video::VideoInfo, m: &mut gpushm::ring::frame::FrameMeta) {
     let tiled = info.format_info().is_tiled();
-    for p in 0..(m.n_planes as usize).min(gpushm::layout::MAX_PLANES) {
+    for p in 0..(m.n_planes as usize).min(gpushm::ring::layout::MAX_PLANES) {
         if tiled {
             m.plane_rows[p] = 0;
             m.plane_row_bytes[p] = 0;

@@ -32,8 +32,6 @@ pub mod pattern;
 pub mod stages;
 
 pub use cudasum::planes as sum_planes;
-/// The transport (the `gpushm` crate), under the name the elements use.
-pub use gpushm as ring;
 pub use gpushmsrc::PUBLISH_TIMESTAMP_CAPS;
 
 fn plugin_init(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {

@@ -6,7 +6,7 @@
 use gst_video::prelude::*;
 
 /// The value of every byte of one row (defined once, in the transport crate).
-pub use crate::ring::format::pattern_value as row_value;
+pub use gpushm::format::pattern_value as row_value;
 
 /// Fills a writable video frame with the pattern of frame `n`.
 pub fn fill(frame: &mut gst_video::VideoFrameRef<&mut gst::BufferRef>, n: u64) {

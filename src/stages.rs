@@ -37,5 +37,5 @@ pub fn add_all(b: &mut gst::BufferRef, t: [u64; 6]) {
     gst::ReferenceTimestampMeta::add(b, &A, ns(t[3]), Some(ns(t[4])));
     let mut m = gst::ReferenceTimestampMeta::add(b, &B, ns(t[5]), None);
     // SAFETY: the meta just added, ours to write.
-    unsafe { (*m.as_mut_ptr()).duration = crate::ring::monotonic_ns() };
+    unsafe { (*m.as_mut_ptr()).duration = gpushm::monotonic_ns() };
 }

@@ -86,7 +86,7 @@ fn nv12_4k_500_frames_between_processes() {
 /// release it waits for, not by its connection thread's 100 ms round: 2000 small frames take
 /// a second or two here, and minutes without those wake-ups. Through gpushmsink's pool
 /// (upstream waits in the pool, render waits for the lossless consumer) and through the
-/// GStreamer-free FramePublisher.
+/// GStreamer-free Publisher.
 #[test]
 fn a_flat_out_producer_with_two_slots_is_woken_by_each_release() {
     const FRAMES: u64 = 2000;
@@ -149,10 +149,7 @@ fn a_flat_out_producer_with_two_slots_is_woken_by_each_release() {
     let got: Vec<&String> = sout.iter().filter(|l| l.starts_with("FRAME ")).collect();
     assert_eq!(got.len() as u64, FRAMES);
     assert!(got.iter().all(|l| l.ends_with("ok=true")));
-    assert!(
-        took < limit,
-        "FramePublisher: {FRAMES} frames took {took:?}"
-    );
+    assert!(took < limit, "Publisher: {FRAMES} frames took {took:?}");
 }
 
 /// The copy path also delivers correct frames, and counts its copies.

@@ -332,9 +332,9 @@ fn every_raw_format_reaches_the_core_subscriber_with_its_geometry() {
         let sock = dir.path().join("fmt.sock");
         let caps = format!("video/x-raw,format={format},width={w},height={h},framerate=30/1");
         let mut sink = sink_harness(&sock, &caps);
-        let mut sub = gpushm::client::Subscriber::connect(
+        let mut sub = gpushm::subscriber::Subscriber::connect(
             &sock,
-            gpushm::client::ConnectOptions {
+            gpushm::subscriber::ConnectOptions {
                 lossless: true,
                 ..Default::default()
             },
@@ -828,10 +828,10 @@ fn frames_metadata_and_eos_travel_through_the_harnesses() {
     let mut last_pts = None;
     let mut last_publish = 0;
     for n in 0..6u64 {
-        let pushed = gstgpushm::ring::monotonic_ns();
+        let pushed = gpushm::monotonic_ns();
         assert_eq!(sink.push(gray_frame(n, 64, 48)), Ok(gst::FlowSuccess::Ok));
         let b = src.pull().expect("a buffer");
-        let pulled = gstgpushm::ring::monotonic_ns();
+        let pulled = gpushm::monotonic_ns();
         let expect = gray_frame(n, 64, 48);
         assert_eq!(
             b.map_readable().unwrap().as_slice(),
@@ -1514,7 +1514,7 @@ fn a_client_that_sends_descriptors_is_refused() {
         "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1",
     );
     let mut s = UnixStream::connect(&sock).unwrap();
-    let hello = gstgpushm::ring::wire::Message::Hello {
+    let hello = gpushm::wire::Message::Hello {
         flags: 0,
         pid: 1,
         name: "fds".into(),
@@ -1726,15 +1726,15 @@ fn interlaced_flags_and_timecodes_arrive() {
     }
 }
 
-/// The README's property tables say what gst-inspect-1.0 says: every property an element
-/// defines itself is in its table (inherited ones the README documents, like do-timestamp,
+/// The property tables of docs/elements.md say what gst-inspect-1.0 says: every property an
+/// element defines itself is in its table (inherited ones the docs document, like do-timestamp,
 /// may be there too), with its default (or "read-only", or "(required)" for a string with
 /// none), and no row names a property that does not exist.
 #[test]
-fn readme_property_tables_match_the_elements() {
+fn documented_property_tables_match_the_elements() {
     init();
-    const README: &str = include_str!("../README.md");
-    // Defaults as the README writes them: numbers with units, octal permissions, enum nicks.
+    const DOC: &str = include_str!("../docs/elements.md");
+    // Defaults as the docs write them: numbers with units, octal permissions, enum nicks.
     fn parse_number(text: &str) -> Option<i128> {
         let t = text.trim();
         let (num, mult) = [
@@ -1780,10 +1780,10 @@ fn readme_property_tables_match_the_elements() {
     use gst::glib;
     for element in ["gpushmsink", "gpushmsrc", "cudasum"] {
         let heading = format!("### {element}\n");
-        let start = README
+        let start = DOC
             .find(&heading)
-            .unwrap_or_else(|| panic!("no '### {element}' section in the README"));
-        let section = &README[start + heading.len()..];
+            .unwrap_or_else(|| panic!("no '### {element}' section in docs/elements.md"));
+        let section = &DOC[start + heading.len()..];
         let section = &section[..section.find("\n#").unwrap_or(section.len())];
         let mut rows = std::collections::BTreeMap::new();
         for line in section.lines().filter(|l| l.starts_with("| `")) {
@@ -1808,27 +1808,27 @@ fn readme_property_tables_match_the_elements() {
             .collect();
         for p in &own {
             let name = p.name();
-            let Some(readme) = rows.get(name) else {
-                panic!("{element}: property {name} is not in the README's table");
+            let Some(documented) = rows.get(name) else {
+                panic!("{element}: property {name} is not in the table of docs/elements.md");
             };
             if !p.flags().contains(glib::ParamFlags::WRITABLE) {
-                assert_eq!(readme, "read-only", "{element}: {name}");
+                assert_eq!(documented, "read-only", "{element}: {name}");
                 continue;
             }
             let want = value_text(p).unwrap_or_default();
-            let same = match (parse_number(readme), want.parse::<i128>().ok()) {
+            let same = match (parse_number(documented), want.parse::<i128>().ok()) {
                 (Some(a), Some(b)) => a == b,
-                _ => readme.split(' ').next() == Some(want.as_str()),
+                _ => documented.split(' ').next() == Some(want.as_str()),
             };
             assert!(
                 same,
-                "{element}: README says {name} defaults to {readme:?}, the element to {want:?}"
+                "{element}: the docs say {name} defaults to {documented:?}, the element to {want:?}"
             );
         }
         for name in rows.keys() {
             assert!(
                 e.find_property(name).is_some(),
-                "{element}: the README documents a property {name} it does not have"
+                "{element}: docs/elements.md documents a property {name} it does not have"
             );
         }
     }

@@ -606,7 +606,7 @@ fn b_frames_keep_their_dts_on_a_producer_clock_that_starts_near_zero() {
 }
 
 /// A slow default (`auto`) consumer of a live audio stream is waited for only up to its share
-/// (`gpushm::publisher::LIVE_HOLD_PERCENT` of real time, a burst of 1 s at most): it cannot
+/// (`gpushm::policy::LIVE_HOLD_PERCENT` of real time, a burst of 1 s at most): it cannot
 /// slow the live source, and the other default consumer, down to its pace. Live audio at
 /// 100 buffers/s for 5 s; the slow consumer takes one buffer per 20 ms (half the rate). Held
 /// to its pace, the producer would need 10 s; the fast consumer gets every buffer from its

@@ -8,9 +8,7 @@
 //! machine too). `corpus_matches_the_protocol` fails when the protocol changed and the corpus
 //! did not; rewrite it with `GPUSHM_WRITE_CORPUS=1 cargo test --test fuzz corpus_matches`.
 
-use gstgpushm::ring::wire::{
-    ClientReport, Conn, Message, StreamReport, FLAG_LOSSLESS, MAX_PAYLOAD,
-};
+use gpushm::wire::{ClientReport, Conn, Message, StreamReport, FLAG_LOSSLESS, MAX_PAYLOAD};
 use proptest::prelude::*;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -179,7 +177,7 @@ fn generate_corpus() -> Vec<(String, Vec<u8>)> {
         .collect();
     // The stats request and its answer (two clients, one with a latency histogram).
     files.push(("ok-query".into(), Message::Query { flags: 0 }.encode()));
-    let mut latency = vec![0u32; gstgpushm::ring::layout::LATENCY_BUCKETS];
+    let mut latency = vec![0u32; gpushm::ring::layout::LATENCY_BUCKETS];
     latency[20] = 98;
     latency[40] = 2;
     let client = ClientReport {

@@ -803,7 +803,7 @@ fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
     wait_for_path(&sock, Duration::from_secs(10));
     // The ring is in GPU memory: a consumer that did not ask for GPU memory is told so (at
     // once, or when the ring comes if it connected before the caps).
-    let refused = gpushm::client::Subscriber::connect(&sock, Default::default())
+    let refused = gpushm::subscriber::Subscriber::connect(&sock, Default::default())
         .and_then(|mut s| s.next_frame(Some(Duration::from_secs(10))).map(|_| ()));
     let why = refused
         .expect_err("a host-only consumer of a device ring")
@@ -839,7 +839,7 @@ fn through_a_device_ring(
     let producer = gst::parse::launch(launch).unwrap();
     producer.set_state(gst::State::Playing).unwrap();
     wait_for_path(sock, Duration::from_secs(10));
-    let refused = gpushm::client::Subscriber::connect(sock, Default::default())
+    let refused = gpushm::subscriber::Subscriber::connect(sock, Default::default())
         .and_then(|mut s| s.next_frame(Some(Duration::from_secs(10))).map(|_| ()));
     let sink_caps = producer
         .downcast_ref::<gst::Bin>()

@@ -18,10 +18,10 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use gpushm::ring::layout::MAX_PLANES;
+use gpushm::ring::producer_end::{Entry, FrameMeta, TimeCode};
+use gpushm::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 use gst::prelude::*;
-use gstgpushm::ring::layout::MAX_PLANES;
-use gstgpushm::ring::producer::{Entry, FrameMeta, TimeCode};
-use gstgpushm::ring::wire::{Conn, Message, FLAG_LOSSLESS, FLAG_WRITABLE_RING, RING_WRITABLE};
 
 /// Real-time victims: one attack at a time.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -30,7 +30,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn now() -> u64 {
-    gstgpushm::ring::monotonic_ns()
+    gpushm::monotonic_ns()
 }
 
 /// A live 30 fps pattern producer (until killed).
@@ -774,7 +774,7 @@ fn clients_that_take_and_hold_every_slot_cannot_stop_the_producer() {
 /// The victim keeps its full rate.
 #[test]
 fn clients_that_close_cannot_stall_or_crowd_the_producer() {
-    use gstgpushm::ring::wire::Message;
+    use gpushm::wire::Message;
     let _s = serial();
     let dir = tmpdir();
     let sock = dir.path().join("close.sock");
@@ -786,7 +786,7 @@ fn clients_that_close_cannot_stall_or_crowd_the_producer() {
         while Instant::now() < deadline {
             match r.conn.recv_timeout(Duration::from_millis(200), None) {
                 Ok(Some((Message::Error { message }, _))) => return message,
-                Ok(_) | Err(gstgpushm::ring::Error::Timeout(_)) => {}
+                Ok(_) | Err(gpushm::Error::Timeout(_)) => {}
                 Err(e) => return format!("no reason, {e}"),
             }
         }
@@ -842,7 +842,7 @@ fn a_consumer_cannot_block_the_producer_through_its_wake_up_descriptors() {
     make_blocking(hostile.release.as_fd(), false);
     // "Wake me after every delivery" (and ahead of each frame: gpushmsink's wake-early),
     // and never read.
-    hostile.ch.set_waiting(gpushm::layout::WAITS_SLEEPING);
+    hostile.ch.set_waiting(gpushm::ring::layout::WAITS_SLEEPING);
     std::thread::sleep(Duration::from_secs(3));
     let from = now() - 2_000_000_000;
     let to = now();
@@ -866,7 +866,7 @@ fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
     let path = sock.clone();
     let consumer = std::thread::spawn(move || {
         let mut sub =
-            gpushm::client::Subscriber::connect(&path, Default::default()).expect("connect");
+            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
         let first = sub.next_frame(Some(Duration::from_secs(10)));
         tx.send(format!(
             "frame: {}",
@@ -910,11 +910,11 @@ fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
 /// connection took, or why it failed.
 fn connect_and_take(sock: &Path) -> Result<Duration, String> {
     let start = Instant::now();
-    let opts = gpushm::client::ConnectOptions {
+    let opts = gpushm::subscriber::ConnectOptions {
         timeout: Duration::from_secs(5),
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(sock, opts).map_err(|e| e.to_string())?;
+    let mut sub = gpushm::subscriber::Subscriber::connect(sock, opts).map_err(|e| e.to_string())?;
     let took = start.elapsed();
     match sub.next_frame(Some(Duration::from_secs(5))) {
         Ok(Some(_)) => Ok(took),
@@ -1093,7 +1093,7 @@ print('SWAPS', swaps, flush=True)
     };
     let (mut started, mut refused) = (0, Vec::new());
     for start in 0..300 {
-        match gpushm::publisher::FramePublisher::new(
+        match gpushm::publisher::Publisher::new(
             &shared.path().join("cam"),
             layout.clone(),
             (30, 1),
@@ -1452,7 +1452,7 @@ fn hostile_stats_queries_change_nothing_for_the_producers_consumers() {
     let asked = Instant::now();
     // (Answered in 0.25-0.66 s on the 2-core dev VM, with a tail past 1 s in about one run of
     // eight: 2 s keeps the test about the attack, not about the machine's load.)
-    let honest = gpushm::client::query(
+    let honest = gpushm::subscriber::query(
         &gpushm::names::Endpoint::Path(sock.clone()),
         Duration::from_secs(2),
     );
@@ -1539,14 +1539,14 @@ fn a_producer_whose_queue_is_full_cannot_hang_a_consumer_past_its_timeout() {
     let path = sock.clone();
     std::thread::spawn(move || {
         let started = Instant::now();
-        let opts = gpushm::client::ConnectOptions {
+        let opts = gpushm::subscriber::ConnectOptions {
             timeout: Duration::from_secs(1),
             ..Default::default()
         };
-        let sub = gpushm::client::Subscriber::connect(&path, opts).map(|_| ());
+        let sub = gpushm::subscriber::Subscriber::connect(&path, opts).map(|_| ());
         let took = started.elapsed();
         let started = Instant::now();
-        let q = gpushm::client::query(
+        let q = gpushm::subscriber::query(
             &gpushm::names::Endpoint::Path(path.clone()),
             Duration::from_secs(1),
         )

@@ -106,13 +106,13 @@ fn subscriber_spin_follows_cadence_changes_and_a_pause_and_idles_for_free() {
     let dir = tmpdir();
     let sock = dir.path().join("spin.sock");
     let p = producer(&sock);
-    let opts = gpushm::client::ConnectOptions {
-        mode: gpushm::client::Delivery::Lossless,
+    let opts = gpushm::subscriber::ConnectOptions {
+        mode: gpushm::policy::Delivery::Lossless,
         timeout: Duration::from_secs(20),
         spin: Duration::from_millis(2),
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    let mut sub = gpushm::subscriber::Subscriber::connect(&sock, opts).expect("connect");
     // (offset, arrival, this thread's CPU time at arrival)
     let mut got = Vec::new();
     let start = Instant::now();
@@ -175,12 +175,12 @@ fn no_warm_up_without_the_low_latency_mode() {
     let dir = tmpdir();
     let sock = dir.path().join("nowarm.sock");
     let p = producer_with(&sock, &["--fps", "30", "--frames", "15"]);
-    let opts = gpushm::client::ConnectOptions {
-        mode: gpushm::client::Delivery::Lossless,
+    let opts = gpushm::subscriber::ConnectOptions {
+        mode: gpushm::policy::Delivery::Lossless,
         timeout: Duration::from_secs(20),
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    let mut sub = gpushm::subscriber::Subscriber::connect(&sock, opts).expect("connect");
     let (mut warmed, mut offsets) = (0u64, Vec::new());
     while let Some(f) = sub
         .next_frame_warming(Some(Duration::from_secs(10)), &mut || warmed += 1)
@@ -272,7 +272,7 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
     let mut sent = Vec::new();
     let mut cpu0 = Duration::ZERO;
     for n in 0..40u64 {
-        let now = gstgpushm::ring::monotonic_ns();
+        let now = gpushm::monotonic_ns();
         let publish_ns = if n < 20 {
             // Far ahead, and an hour apart.
             now + 10_000_000_000 + n * 3_600_000_000_000
@@ -284,11 +284,11 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
         if n == 20 {
             cpu0 = process_cpu_time(pid);
         }
-        sent.push(gstgpushm::ring::monotonic_ns());
+        sent.push(gpushm::monotonic_ns());
         fake.send(
             &mut client,
             n,
-            gstgpushm::ring::producer::FrameMeta {
+            gpushm::ring::producer_end::FrameMeta {
                 publish_ns,
                 ..Default::default()
             },
@@ -337,13 +337,13 @@ fn a_producer_lying_about_publish_times_cannot_delay_frames_or_stretch_the_poll(
 #[test]
 fn a_spin_budget_over_the_maximum_is_refused_saying_why() {
     let dir = tmpdir();
-    let opts = gpushm::client::ConnectOptions {
-        spin: gpushm::client::MAX_SPIN + Duration::from_micros(1),
+    let opts = gpushm::subscriber::ConnectOptions {
+        spin: gpushm::policy::MAX_SPIN + Duration::from_micros(1),
         timeout: Duration::from_secs(5),
         ..Default::default()
     };
     let t = Instant::now();
-    match gpushm::client::Subscriber::connect(&dir.path().join("none.sock"), opts) {
+    match gpushm::subscriber::Subscriber::connect(&dir.path().join("none.sock"), opts) {
         Err(gpushm::Error::Invalid(m)) => assert!(m.contains("100000 µs"), "{m}"),
         Err(e) => panic!("not refused as invalid: {e}"),
         Ok(_) => panic!("connected"),
@@ -527,12 +527,12 @@ fn gpushmsink_spin_us_stops_at_its_budget_for_a_stuck_consumer() {
             "max-wait=1500000000",
         ],
     );
-    let opts = gpushm::client::ConnectOptions {
-        mode: gpushm::client::Delivery::Lossless,
+    let opts = gpushm::subscriber::ConnectOptions {
+        mode: gpushm::policy::Delivery::Lossless,
         timeout: Duration::from_secs(20),
         ..Default::default()
     };
-    let mut sub = gpushm::client::Subscriber::connect(&sock, opts).expect("connect");
+    let mut sub = gpushm::subscriber::Subscriber::connect(&sock, opts).expect("connect");
     p.wait_line("CONNECTED", Duration::from_secs(20));
     // Held: the producer's budget for this client is half its 8 slots.
     let mut held = Vec::new();
@@ -562,7 +562,7 @@ fn gpushmsink_spin_us_stops_at_its_budget_for_a_stuck_consumer() {
     );
 }
 
-/// The GStreamer-free publisher's low-latency mode (`FramePublisher::set_spin`, which the C
+/// The GStreamer-free publisher's low-latency mode (`Publisher::set_spin`, which the C
 /// and Python publishers set): a camera flat out with two slots waits for its lossless
 /// consumer's releases by polling them. Every frame arrives intact and in order, some waits
 /// end while polling, and the camera polls once a frame at most. A budget over the maximum is
@@ -604,7 +604,7 @@ fn frame_publisher_spin_polls_for_releases_and_loses_nothing() {
     let (caught, missed) = (num(&st, "spin-caught"), num(&st, "spin-missed"));
     assert_polls(caught, missed, 1, N, &cout);
 
-    let refused = gpushm::publisher::FramePublisher::new(
+    let refused = gpushm::publisher::Publisher::new(
         &dir.path().join("over.sock"),
         gpushm::format::FrameLayout::new(gpushm::format::VideoFormat::Gray8, 64, 48).unwrap(),
         (30, 1),
@@ -612,7 +612,7 @@ fn frame_publisher_spin_polls_for_releases_and_loses_nothing() {
         Default::default(),
     )
     .unwrap()
-    .set_spin(gpushm::client::MAX_SPIN + Duration::from_micros(1));
+    .set_spin(gpushm::policy::MAX_SPIN + Duration::from_micros(1));
     match refused {
         Err(gpushm::Error::Invalid(m)) => assert!(m.contains("100000 µs"), "{m}"),
         r => panic!("not refused as invalid: {:?}", r.is_ok()),

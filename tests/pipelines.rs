@@ -314,7 +314,7 @@ fn stuck_lossless_consumers_cost_the_others_one_max_wait_once() {
 }
 
 fn now() -> u64 {
-    gstgpushm::ring::monotonic_ns()
+    gpushm::monotonic_ns()
 }
 
 /// `do-timestamp=true` with a syncing sink keeps the producer's rate: the latency answered

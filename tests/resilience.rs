@@ -16,7 +16,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// CLOCK_MONOTONIC, the clock the example programs stamp their events with.
 fn now() -> u64 {
-    gstgpushm::ring::monotonic_ns()
+    gpushm::monotonic_ns()
 }
 
 /// A live pattern producer (until killed) at `fps`.

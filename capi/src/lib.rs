@@ -34,9 +34,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use gpushm_core::client::{ConnectOptions, Delivery, Frame, Subscriber, Waker};
 use gpushm_core::format::{FrameGeometry, FrameLayout, VideoFormat};
-use gpushm_core::publisher::{Config, FramePublisher, SlotLease};
+use gpushm_core::publisher::{Config, Publisher, Slot};
+use gpushm_core::subscriber::{ConnectOptions, Delivery, Frame, Subscriber, Waker};
 use gpushm_core::Error;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::time::TimeSpec;
@@ -700,7 +700,7 @@ unsafe fn open_subscriber(
             };
             reconnect = opts.reconnect != 0;
             o.device_memory = opts.device_memory != 0;
-            // Checked when connecting (at most gpushm::client::MAX_SPIN).
+            // Checked when connecting (at most gpushm::policy::MAX_SPIN).
             o.spin = Duration::from_micros(opts.spin_us.into());
             if !opts.name.is_null() {
                 // SAFETY: non-NULL, the caller's string.
@@ -1386,7 +1386,7 @@ pub unsafe extern "C" fn gpushm_frame_destroy(frame: *mut gpushm_frame) -> gpush
 // Publishers.
 
 struct PubObj {
-    p: FramePublisher,
+    p: Publisher,
 }
 
 struct SlotObj {
@@ -1395,7 +1395,7 @@ struct SlotObj {
     info: InfoCell,
 }
 
-struct HeldSlot(SlotLease);
+struct HeldSlot(Slot);
 // SAFETY: a lease of a slot of the publisher's ring; nothing in it is tied to a thread.
 unsafe impl Send for HeldSlot {}
 
@@ -1492,7 +1492,7 @@ unsafe fn open_publisher(
         }
         // Checked before the stream is served.
         let spin = Duration::from_micros(o.spin_us.into());
-        gpushm_core::client::check_spin(spin)?;
+        gpushm_core::policy::check_spin(spin)?;
         let config = Config {
             perms: o.perms & 0o777,
             ..Config::default()
@@ -1500,9 +1500,9 @@ unsafe fn open_publisher(
         let p = if o.cuda_device >= 0 {
             let dev = gpushm_core::cuda::device(o.cuda_device)
                 .map_err(|e| Fail(GPUSHM_ERROR_NO_GPU, e.to_string()))?;
-            FramePublisher::new_on_device(&path, layout, (o.fps_n, o.fps_d), o.slots, config, dev)?
+            Publisher::new_on_device(&path, layout, (o.fps_n, o.fps_d), o.slots, config, dev)?
         } else {
-            FramePublisher::new(&path, layout, (o.fps_n, o.fps_d), o.slots, config)?
+            Publisher::new(&path, layout, (o.fps_n, o.fps_d), o.slots, config)?
         };
         p.set_spin(spin)?;
         let id = insert(&PUBLISHERS, Arc::new(PubObj { p }))?;

@@ -16,9 +16,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use gpushm::client::{query, Queried};
-use gpushm::layout::{latency_percentile, LATENCY_BUCKETS};
 use gpushm::names::{self, Endpoint};
+use gpushm::ring::layout::{latency_percentile, LATENCY_BUCKETS};
+use gpushm::subscriber::{query, Queried};
 use gpushm::wire::{ClientReport, StreamReport};
 use serde_json::{json, Value};
 

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpushm::client::{ConnectOptions, Delivery, Subscriber};
 use gpushm::format::{FrameLayout, VideoFormat};
-use gpushm::publisher::{Config, FramePublisher};
+use gpushm::publisher::{Config, Publisher};
+use gpushm::subscriber::{ConnectOptions, Delivery, Subscriber};
 use serde_json::Value;
 
 /// The command: cargo's build of it, or (tests packed for another machine by
@@ -124,8 +124,7 @@ fn list_inspect_and_top_report_what_the_producer_published_and_the_clients_count
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cam");
     let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
-    let camera =
-        Arc::new(FramePublisher::new(&path, layout, (100, 1), 8, Config::default()).unwrap());
+    let camera = Arc::new(Publisher::new(&path, layout, (100, 1), 8, Config::default()).unwrap());
     // Both consumers connect before the first frame: every frame counts for them.
     let fast = Counter::start(&path, "fast", Delivery::Lossless, Duration::ZERO);
     // Holds each frame 60 ms at 100 fps: it keeps up with about a sixth and drops the rest.

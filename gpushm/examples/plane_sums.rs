@@ -11,8 +11,8 @@
 
 use std::time::Duration;
 
-use gpushm::client::{ConnectOptions, Subscriber};
 use gpushm::format::pattern_value;
+use gpushm::subscriber::{ConnectOptions, Subscriber};
 
 fn main() {
     let mut socket = None;

@@ -10,13 +10,13 @@
 //! --height 480, --fps 30, --frames N (300; 0 = until killed), --wait (wait for a consumer
 //! before the first frame), --switch-at N (from frame N on, GRAY8 at half the size: a caps
 //! change consumers follow), --slots N (8), --spin-us N (0: the low-latency mode of the wait
-//! for a lossless consumer, see `FramePublisher::set_spin`). Prints `STATS frames=N clients=N
+//! for a lossless consumer, see `Publisher::set_spin`). Prints `STATS frames=N clients=N
 //! spin-caught=N spin-missed=N` at the end.
 
 use std::time::Duration;
 
 use gpushm::format::{pattern_value, FrameLayout, VideoFormat};
-use gpushm::publisher::{Config, FramePublisher};
+use gpushm::publisher::{Config, Publisher};
 
 fn main() {
     if let Err(e) = run() {
@@ -54,7 +54,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     }
     let socket = socket.ok_or("--socket PATH is required")?;
     let mut layout = FrameLayout::new(format, width, height).ok_or("bad frame size")?;
-    let camera = FramePublisher::new(
+    let camera = Publisher::new(
         socket.as_ref(),
         layout.clone(),
         (fps, 1),

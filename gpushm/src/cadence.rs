@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The low-latency mode of a consumer ([`ConnectOptions::spin`](crate::client::ConnectOptions)):
+//! The low-latency mode of a consumer ([`ConnectOptions::spin`](crate::subscriber::ConnectOptions::spin)):
 //! when the next frame is due, learnt from the publish times of the last frames.
 //!
 //! A consumer that sleeps on its wake-up descriptor pays for the sleeping core to wake up when
@@ -12,7 +12,7 @@
 //! once per frame taken.
 //!
 //! The producer learns the same from its own publish times to wake sleeping consumers before
-//! a frame is due ([`Publisher::set_wake_ahead`](crate::publisher::Publisher::set_wake_ahead)).
+//! a frame is due ([`Server::set_wake_ahead`](crate::server::Server::set_wake_ahead)).
 
 /// Intervals between frames kept to guess the next one (their median).
 const HISTORY: usize = 8;
@@ -34,7 +34,7 @@ pub(crate) struct Cadence {
 impl Cadence {
     /// A frame published at `publish_ns` was taken.
     pub fn record(&mut self, publish_ns: u64) {
-        if publish_ns == 0 || publish_ns == crate::layout::NONE_U64 {
+        if publish_ns == 0 || publish_ns == crate::ring::layout::NONE_U64 {
             return;
         }
         if publish_ns < self.last {
@@ -128,7 +128,7 @@ mod tests {
         assert_eq!(c.interval(), Some(200_000_000));
         // Frames without a publish time change nothing.
         c.record(0);
-        c.record(crate::layout::NONE_U64);
+        c.record(crate::ring::layout::NONE_U64);
         assert_eq!(c.interval(), Some(200_000_000));
         // Time going back starts the learning again from that frame.
         c.record(t - 1);

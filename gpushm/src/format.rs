@@ -11,7 +11,7 @@
 //! assert_eq!(l.caps(30, 1), "video/x-raw, format=(string)I420, width=(int)64, height=(int)48, framerate=(fraction)30/1");
 //! ```
 
-use crate::producer::FrameMeta;
+use crate::ring::producer_end::FrameMeta;
 
 /// Formats this crate can lay out by itself. (Consumers built on GStreamer accept every format
 /// GStreamer knows; these are the ones an app can produce or check here.)
@@ -231,7 +231,7 @@ impl FrameGeometry {
                 format!("the stream is {media}, not raw video")
             })?;
         let n = meta.n_planes as usize;
-        if n == 0 || n > crate::layout::MAX_PLANES {
+        if n == 0 || n > crate::ring::layout::MAX_PLANES {
             return Err(format!("{format} frames come with {n} planes"));
         }
         if meta.width == 0 || meta.height == 0 {

@@ -3,32 +3,33 @@
 //! and no GLib. A producer renders into slots of a sealed memfd ring; consumers map it
 //! read-only and read frames in place (CUDA can register the mapping and read it too).
 //!
-//! - [`layout`]: where frames and control words live in shared memory.
+//! - [`ring`]: the shared-memory ring and the client queues, both ends ([`ring::layout`]
+//!   is where frames live in shared memory).
 //! - [`wire`]: what goes over the unix socket, byte by byte.
-//! - [`shm`]: memfds, seals, read-only descriptors, mappings, fd checks.
-//! - [`producer`] / [`consumer`]: the two ends of the ring and of each client queue.
-//! - [`format`]: raw video formats, plane geometry and caps strings, for apps.
+//! - [`policy`]: delivery modes and every limit the producer holds clients to.
+//! - [`server`]: the producer's engine: socket, clients, who gets which frame, who is cut.
+//! - [`publisher`]: the producer for apps ([`publisher::Publisher`]), over a server.
+//! - [`subscriber`]: the consumer ([`subscriber::Subscriber`]): connect, wait, frames, leases.
+//! - [`names`]: stream names instead of socket paths.
+//! - [`format`](mod@format): raw video formats, plane geometry and caps strings, for apps.
 //! - [`time`]: the one mapping of a producer's timestamps into a consumer's running time.
-//! - [`client`]: a consumer's connection: handshake, rings, frames and their leases.
 //! - [`cpu_latency`]: keeping the CPUs out of deep idle states for a low-latency stream.
-//! - [`publisher`]: the producer's socket, clients and the policy that decides which client
-//!   gets which frame (budgets, lossless and leaky, lagging clients, max-clients).
+//! - [`cuda`] (feature `cuda`): registering host rings with CUDA, device rings.
 //!
-//! The GStreamer elements (gpushmsink, gpushmsrc) are thin layers over this crate.
+//! The GStreamer elements (gpushmsink, gpushmsrc), the Python package and the C library are
+//! thin layers over this crate.
 
 mod cadence;
-pub mod client;
-pub mod consumer;
 pub mod cpu_latency;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod format;
-pub mod frame;
-pub mod layout;
 pub mod names;
-pub mod producer;
+pub mod policy;
 pub mod publisher;
-pub mod shm;
+pub mod ring;
+pub mod server;
+pub mod subscriber;
 pub mod time;
 pub mod wire;
 

@@ -50,8 +50,8 @@
 //! - producer pipeline on CLOCK_REALTIME: `clock_offset` ≈ 56 years, the times map as if it
 //!   ran on CLOCK_MONOTONIC.
 
-use crate::frame::FrameMeta;
-use crate::layout::NONE_U64;
+use crate::ring::frame::FrameMeta;
+use crate::ring::layout::NONE_U64;
 
 /// Producer pipeline latencies above this are taken as 0 (a broken or hostile value).
 pub const MAX_PRODUCER_LATENCY: u64 = 10_000_000_000;

@@ -17,7 +17,7 @@
 //! | kind | direction | payload | fds |
 //! |------|-----------|---------|-----|
 //! | 1 Hello   | src → sink | flags u32 (bit 0: lossless, bit 1: writable ring, bit 2: auto delivery, bit 3: can map GPU memory), pid u32, name str | – |
-//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix stream socketpair, see [`crate::shm::Doorbell`]) |
+//! | 2 Welcome | sink → src | client_id u32, queue_capacity u32 | client memfd, frame-ready doorbell, slot-released doorbell (each one end of a unix stream socketpair, see [`crate::ring::shm::Doorbell`]) |
 //! | 3 Ring    | sink → src | ring_gen u32, flags u32 (bit 0: writable, bit 1: device ring), slot_count u32, slot_size u64, total_size u64 | ring memfd: read-only, sealed against writes, unless the client asked for writable and the producer allows it |
 //! | 4 Caps    | sink → src | caps_gen u32, caps str | – |
 //! | 5 Eos     | sink → src | – | – |
@@ -45,7 +45,7 @@
 //! Close: the consumer takes no more frames but still holds some (its app keeps views of
 //! them). The producer delivers nothing more to it, never waits for it, takes back what it
 //! delivered and the consumer had not taken, and leaves every frame the consumer holds alone
-//! until the consumer releases it or closes the socket (see [`crate::client`], "Held frames").
+//! until the consumer releases it or closes the socket (see [`crate::subscriber`], "Held frames").
 //! An Error from the producer after Welcome means it cut the consumer and took back all of its
 //! slots. An Error instead of Welcome whose message starts with [`BUSY_PREFIX`] means the
 //! producer is busy (handshakes or max-clients): the consumer tries again, with backoff.
@@ -77,7 +77,7 @@ pub const BUSY_PREFIX: &str = "busy: ";
 pub const FLAG_LOSSLESS: u32 = 1;
 /// The consumer's GPU cannot register read-only memory: it asks for a writable ring descriptor.
 pub const FLAG_WRITABLE_RING: u32 = 2;
-/// The consumer's delivery is `auto` ([`crate::client::Delivery::Auto`]): lossless, except
+/// The consumer's delivery is `auto` ([`crate::policy::Delivery::Auto`]): lossless, except
 /// for live raw video (bit 0 then unset).
 pub const FLAG_AUTO: u32 = 4;
 /// The consumer can map a ring whose pixels are in GPU memory (it was built with the `cuda`
@@ -97,7 +97,7 @@ pub const REPORT_MAX_CAPS: usize = 8192;
 pub const REPORT_MAX_NAME: usize = 64;
 
 /// What a producer says about its stream and each of its clients in a Report: the figures of
-/// [`crate::publisher::Publisher::stats`], plus the stream's caps, ring and rates.
+/// [`crate::server::Server::stats`], plus the stream's caps, ring and rates.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StreamReport {
     /// The producer's process id (as its own PID namespace sees it).
@@ -155,17 +155,17 @@ pub struct ClientReport {
     pub held: u32,
     /// Nanoseconds since it connected.
     pub connected_ns: u64,
-    /// Its latency histogram, publish to take (see [`crate::layout::latency_bucket`]):
-    /// [`crate::layout::LATENCY_BUCKETS`] counts.
+    /// Its latency histogram, publish to take (see [`crate::ring::layout::latency_bucket`]):
+    /// [`crate::ring::layout::LATENCY_BUCKETS`] counts.
     pub latency: Vec<u32>,
 }
 
 impl ClientReport {
     pub fn latency_p50_ns(&self) -> Option<u64> {
-        crate::layout::latency_percentile(&self.latency, 50.0)
+        crate::ring::layout::latency_percentile(&self.latency, 50.0)
     }
     pub fn latency_p99_ns(&self) -> Option<u64> {
-        crate::layout::latency_percentile(&self.latency, 99.0)
+        crate::ring::layout::latency_percentile(&self.latency, 99.0)
     }
 }
 
@@ -290,7 +290,7 @@ impl ClientReport {
         let buckets: Vec<(usize, u32)> = self
             .latency
             .iter()
-            .take(crate::layout::LATENCY_BUCKETS)
+            .take(crate::ring::layout::LATENCY_BUCKETS)
             .copied()
             .enumerate()
             .filter(|&(_, c)| c != 0)
@@ -315,12 +315,12 @@ impl ClientReport {
         }
         let held = r.u32()?;
         let n = r.u32()? as usize;
-        if n > crate::layout::LATENCY_BUCKETS {
+        if n > crate::ring::layout::LATENCY_BUCKETS {
             return Err(Error::protocol(format!(
                 "a latency histogram of {n} buckets"
             )));
         }
-        let mut latency = vec![0u32; crate::layout::LATENCY_BUCKETS];
+        let mut latency = vec![0u32; crate::ring::layout::LATENCY_BUCKETS];
         for _ in 0..n {
             let i = r.take(1)?[0] as usize;
             let c = r.u32()?;
@@ -899,7 +899,7 @@ mod tests {
             id,
             name: "x".repeat(200),
             mode: "lossless".into(),
-            latency: vec![u32::MAX; crate::layout::LATENCY_BUCKETS],
+            latency: vec![u32::MAX; crate::ring::layout::LATENCY_BUCKETS],
             ..Default::default()
         };
         let report = StreamReport {
@@ -924,7 +924,7 @@ mod tests {
         assert!(r.clients.iter().all(|c| c.name.len() <= REPORT_MAX_NAME));
         assert_eq!(
             r.clients[0].latency,
-            vec![u32::MAX; crate::layout::LATENCY_BUCKETS]
+            vec![u32::MAX; crate::ring::layout::LATENCY_BUCKETS]
         );
         assert_eq!(r.clients[3].id, 3);
     }
@@ -1036,9 +1036,9 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let a = Conn::new(a);
         let mut b = Conn::new(b);
-        let efd = crate::shm::new_eventfd().unwrap();
-        let mem = crate::shm::create_sealed_memfd("t", 4096).unwrap();
-        let e2 = crate::shm::new_eventfd().unwrap();
+        let efd = crate::ring::shm::new_eventfd().unwrap();
+        let mem = crate::ring::shm::create_sealed_memfd("t", 4096).unwrap();
+        let e2 = crate::ring::shm::new_eventfd().unwrap();
         a.send(
             &Message::Caps {
                 caps_gen: 1,
@@ -1067,7 +1067,7 @@ mod tests {
             .unwrap();
         assert!(matches!(m2, Message::Welcome { client_id: 1, .. }));
         assert_eq!(f2.len(), 3);
-        crate::shm::check_sealed_memfd(f2[0].as_fd(), 4096, "client").unwrap();
+        crate::ring::shm::check_sealed_memfd(f2[0].as_fd(), 4096, "client").unwrap();
         let (m3, _) = b
             .recv_timeout(Duration::from_secs(1), None)
             .unwrap()
@@ -1137,8 +1137,8 @@ mod tests {
             b.recv_timeout(Duration::from_millis(20), None),
             Err(Error::Timeout(_))
         ));
-        let wake = crate::shm::new_eventfd().unwrap();
-        crate::shm::notify(&wake);
+        let wake = crate::ring::shm::new_eventfd().unwrap();
+        crate::ring::shm::notify(&wake);
         assert!(b
             .recv_timeout(Duration::from_secs(10), Some(wake.as_fd()))
             .unwrap()

@@ -83,7 +83,7 @@ pub fn endpoint(
 /// A `spin_us` argument as a budget, refused over the core's bound with its reason.
 pub fn spin(spin_us: u32) -> PyResult<Duration> {
     let spin = Duration::from_micros(spin_us.into());
-    gpushm::client::check_spin(spin)
+    gpushm::policy::check_spin(spin)
         .map_err(|e| PyValueError::new_err(format!("spin_us={spin_us}: {e}")))?;
     Ok(spin)
 }

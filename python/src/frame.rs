@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use gpushm::client::SlotLease;
 use gpushm::format::{FrameGeometry, Plane};
-use gpushm::frame::FrameMeta;
-use gpushm::layout::NONE_U64;
+use gpushm::ring::frame::FrameMeta;
+use gpushm::ring::layout::NONE_U64;
+use gpushm::subscriber::SlotLease;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -98,7 +98,7 @@ pub struct Frame {
 }
 
 impl Frame {
-    pub fn new(f: gpushm::client::Frame, cuda_device: i32) -> Self {
+    pub fn new(f: gpushm::subscriber::Frame, cuda_device: i32) -> Self {
         let geometry = f.layout();
         let on_device = f.is_on_device();
         // A device ring's frames are on the producer's GPU, whatever cuda_device says.
@@ -106,7 +106,7 @@ impl Frame {
             Some((_, d)) if on_device => d,
             _ => cuda_device,
         };
-        let gpushm::client::Frame {
+        let gpushm::subscriber::Frame {
             meta,
             seq,
             ptr,

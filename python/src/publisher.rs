@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpushm::format::{FrameLayout, VideoFormat};
-use gpushm::publisher::{Config, FramePublisher, SlotLease as PublishLease};
+use gpushm::publisher::{Config, Publisher as CorePublisher, Slot as CoreSlot};
 use gpushm::Error as CoreError;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -16,7 +16,7 @@ use crate::view::{asarray, Elem, Source, View};
 
 /// A slot lent to a Python publisher, to fill in place.
 pub struct WritableSlot {
-    lease: Mutex<Option<PublishLease>>,
+    lease: Mutex<Option<CoreSlot>>,
     pub ptr: usize,
 }
 
@@ -43,7 +43,7 @@ pub struct WritableSlot {
 /// `wake_early`.
 #[pyclass(module = "gpushm", name = "Publisher", frozen)]
 pub struct Publisher {
-    inner: Mutex<Option<Arc<FramePublisher>>>,
+    inner: Mutex<Option<Arc<CorePublisher>>>,
     layout: FrameLayout,
     /// Tells this publisher's slots from another's.
     id: u64,
@@ -70,7 +70,7 @@ impl Publisher {
         py: Python<'_>,
         frame: &Bound<'_, PyAny>,
         timeout: f64,
-    ) -> PyResult<Option<PublishLease>> {
+    ) -> PyResult<Option<CoreSlot>> {
         if !self.engine()?.is_on_device() {
             return Ok(None);
         }
@@ -117,7 +117,7 @@ impl Publisher {
     }
 
     /// The engine, taken out of the lock: waits never hold it (nor the GIL).
-    fn engine(&self) -> PyResult<Arc<FramePublisher>> {
+    fn engine(&self) -> PyResult<Arc<CorePublisher>> {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -125,7 +125,7 @@ impl Publisher {
             .ok_or_else(|| Error::new_err("the publisher is closed"))
     }
 
-    fn acquire_lease(&self, py: Python<'_>, timeout: f64) -> PyResult<PublishLease> {
+    fn acquire_lease(&self, py: Python<'_>, timeout: f64) -> PyResult<CoreSlot> {
         let t = secs(Some(timeout))?.unwrap_or_default();
         let p = self.engine()?;
         py.detach(move || p.acquire(t)).map_err(to_py)
@@ -153,7 +153,7 @@ impl Publisher {
     ) -> PyResult<Self> {
         let spin = crate::errors::spin(spin_us)?;
         let wake_ahead = std::time::Duration::from_micros(wake_ahead_us.into());
-        gpushm::publisher::check_wake_ahead(wake_ahead)
+        gpushm::policy::check_wake_ahead(wake_ahead)
             .map_err(|e| PyValueError::new_err(format!("wake_ahead_us={wake_ahead_us}: {e}")))?;
         let path = match crate::errors::endpoint(path, stream)? {
             gpushm::names::Endpoint::Path(p) => p,
@@ -183,10 +183,10 @@ impl Publisher {
                 "fps {fps} is not a frame rate"
             )));
         }
-        if !(2..=gpushm::layout::MAX_SLOTS).contains(&slots) {
+        if !(2..=gpushm::ring::layout::MAX_SLOTS).contains(&slots) {
             return Err(PyValueError::new_err(format!(
                 "slots must be 2 to {}, not {slots}",
-                gpushm::layout::MAX_SLOTS
+                gpushm::ring::layout::MAX_SLOTS
             )));
         }
         let rate = ((fps * 1000.0).round() as u32, 1000);
@@ -197,11 +197,11 @@ impl Publisher {
         let l = layout.clone();
         let p = py
             .detach(move || match cuda_device {
-                None => FramePublisher::new(&path, l, rate, slots, config),
+                None => CorePublisher::new(&path, l, rate, slots, config),
                 Some(d) => gpushm::cuda::device(d)
                     .map_err(|e| CoreError::Invalid(format!("cuda_device={d}: {e}")))
                     .and_then(|dev| {
-                        FramePublisher::new_on_device(&path, l, rate, slots, config, dev)
+                        CorePublisher::new_on_device(&path, l, rate, slots, config, dev)
                     }),
             })
             .map_err(|e| match e {

@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpushm::client::{query, Queried};
 use gpushm::names::{self, Endpoint};
+use gpushm::subscriber::{query, Queried};
 use gpushm::wire::ClientReport;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};

@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use gpushm::client::{ConnectOptions, Delivery, Subscriber as CoreSubscriber, Waker};
+use gpushm::subscriber::{ConnectOptions, Delivery, Subscriber as CoreSubscriber, Waker};
 use gpushm::Error as CoreError;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
@@ -89,7 +89,7 @@ impl Subscriber {
         }
     }
 
-    fn wrap(&self, f: gpushm::client::Frame) -> PyResult<Frame> {
+    fn wrap(&self, f: gpushm::subscriber::Frame) -> PyResult<Frame> {
         Ok(Frame::new(f, self.cuda_device))
     }
 }

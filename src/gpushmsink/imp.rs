@@ -49,9 +49,10 @@ use super::pool::SlotPool;
 use crate::cuda::gstcuda::CUDA_MEMORY;
 use crate::cuda::Selected;
 use crate::cudameta::{CudaRegister, RingPlacement};
-use crate::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
-use crate::ring::producer::{FrameMeta, TimeCode};
-use crate::ring::publisher::{Config, Event, Policy, Published};
+use gpushm::policy::Policy;
+use gpushm::ring::layout::{MAX_PLANES, MAX_SLOTS, NONE_U64};
+use gpushm::ring::producer_end::{FrameMeta, TimeCode};
+use gpushm::server::{Config, Event, Published};
 
 static CAT: Lazy<gst::DebugCategory> = Lazy::new(|| {
     gst::DebugCategory::new(
@@ -79,10 +80,10 @@ const DEFAULT_WAKE_EARLY: bool = true;
 /// machine; woken this long before the frame it is up and polling (for at most 100 µs) when
 /// the frame lands.
 const DEFAULT_WAKE_AHEAD_US: u32 = 120;
-const MAX_WAKE_AHEAD_US: u32 = gpushm::publisher::MAX_WAKE_AHEAD.as_micros() as u32;
+const MAX_WAKE_AHEAD_US: u32 = gpushm::policy::MAX_WAKE_AHEAD.as_micros() as u32;
 
 /// Caps travel in one control message.
-const MAX_CAPS_LEN: usize = crate::ring::wire::MAX_PAYLOAD as usize - 64;
+const MAX_CAPS_LEN: usize = gpushm::wire::MAX_PAYLOAD as usize - 64;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -158,7 +159,7 @@ struct FramePath {
     info: Option<Arc<gst_video::VideoInfo>>,
     pool: SlotPool,
     /// The pool's ring (the pool itself is behind its own lock).
-    ring: Arc<crate::ring::producer::ProducerRing>,
+    ring: Arc<gpushm::ring::producer_end::ProducerRing>,
     /// Raw video in CUDA memory, as the caps say (nvcodec's elements also hand GstCudaMemory,
     /// mapped for the CPU, under system-memory caps: those are copied as system memory).
     cuda_input: bool,
@@ -587,14 +588,14 @@ impl GpuShmSink {
             // Room for bursts up to twice this one: consumers keep only the two newest rings,
             // so growing in small steps could drop a ring a slow consumer still reads.
             None => match min_slot.saturating_mul(2).checked_next_power_of_two() {
-                Some(n) if n <= crate::ring::layout::MAX_SLOT_SIZE => n,
-                _ if min_slot <= crate::ring::layout::MAX_SLOT_SIZE => {
-                    crate::ring::layout::MAX_SLOT_SIZE
+                Some(n) if n <= gpushm::ring::layout::MAX_SLOT_SIZE => n,
+                _ if min_slot <= gpushm::ring::layout::MAX_SLOT_SIZE => {
+                    gpushm::ring::layout::MAX_SLOT_SIZE
                 }
                 _ => {
                     let msg = format!(
                         "A buffer of {min_slot} bytes is larger than the largest slot ({} bytes)",
-                        crate::ring::layout::MAX_SLOT_SIZE
+                        gpushm::ring::layout::MAX_SLOT_SIZE
                     );
                     gst::element_imp_error!(self, gst::ResourceError::NoSpaceLeft, ("{}", msg));
                     return Err(gst::loggable_error!(CAT, "{}", msg));
@@ -638,12 +639,12 @@ impl GpuShmSink {
             (None, None, Some(r)) if cur_caps.is_some() => slot_size.max(r.slot_size()),
             _ => slot_size,
         };
-        let place = |r: &crate::ring::producer::ProducerRing| match &ring_device {
+        let place = |r: &gpushm::ring::producer_end::ProducerRing| match &ring_device {
             Some(dev) => crate::cuda::vmm::place_ring(r, dev)
-                .map_err(|e| crate::ring::Error::Invalid(format!("GPU memory: {e}"))),
+                .map_err(|e| gpushm::Error::Invalid(format!("GPU memory: {e}"))),
             None => Ok(()),
         };
-        let ring = match server.new_ring_with(slots, slot_size, &caps_str, requeue, &place) {
+        let ring = match server.new_ring(slots, slot_size, &caps_str, requeue, &place) {
             Ok(r) => r,
             Err(e) => {
                 gst::element_imp_error!(
@@ -709,10 +710,10 @@ impl GpuShmSink {
         let offset = if monotonic {
             0
         } else {
-            let now = (clock.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128)
+            let now = (clock.time().nseconds() as i128 - gpushm::monotonic_ns() as i128)
                 .clamp(i64::MIN as i128, i64::MAX as i128) as i64;
             match kept {
-                Some(o) if o.abs_diff(now) <= crate::ring::time::OFFSET_SLACK as u64 => o,
+                Some(o) if o.abs_diff(now) <= gpushm::time::OFFSET_SLACK as u64 => o,
                 _ => now,
             }
         };
@@ -894,7 +895,7 @@ impl GpuShmSink {
         buffer: gst::Buffer,
     ) -> Result<gst::FlowSuccess, gst::FlowError> {
         #[cfg(feature = "stages")]
-        crate::stages::CHAIN_NS.with(|c| c.set(crate::ring::monotonic_ns()));
+        crate::stages::CHAIN_NS.with(|c| c.set(gpushm::monotonic_ns()));
         let obj = self.obj();
         let bs = obj.as_ptr() as *mut gst_base::ffi::GstBaseSink;
         if !self.direct.stepped.load(Ordering::Relaxed)
@@ -1309,7 +1310,7 @@ impl ObjectImpl for GpuShmSink {
                 glib::ParamSpecUInt::builder("spin-us")
                     .nick("Low-latency poll budget")
                     .blurb("Low-latency mode of the wait for a lossless consumer at its budget: poll its releases for up to this many microseconds before sleeping (a wake-up through the connection thread costs two thread hops), at most once per frame and never past max-wait. 0 = off. Counted in stats as spin-caught and spin-missed")
-                    .maximum(gpushm::client::MAX_SPIN.as_micros() as u32)
+                    .maximum(gpushm::policy::MAX_SPIN.as_micros() as u32)
                     .default_value(0)
                     .mutable_playing()
                     .build(),
@@ -1352,7 +1353,7 @@ impl ObjectImpl for GpuShmSink {
                     .nick("Max buffer size")
                     .blurb("Slot size in bytes for caps other than raw video (encoded video, audio, RTP, any data): the largest buffer expected. A larger buffer (an I-frame burst) is never cut or refused: it gets a new ring with slots of twice its size rounded up to a power of two (at most 256 MiB), announced to consumers like a caps change; slots stay that large. Raw video slots are always one frame")
                     .minimum(4096)
-                    .maximum(crate::ring::layout::MAX_SLOT_SIZE as u32)
+                    .maximum(gpushm::ring::layout::MAX_SLOT_SIZE as u32)
                     .default_value(DEFAULT_MAX_BUFFER_SIZE)
                     .mutable_ready()
                     .build(),
@@ -1773,7 +1774,7 @@ impl BaseSinkImpl for GpuShmSink {
 
     fn render(&self, buffer: &gst::Buffer) -> Result<gst::FlowSuccess, gst::FlowError> {
         #[cfg(feature = "stages")]
-        let render_ns = crate::ring::monotonic_ns();
+        let render_ns = gpushm::monotonic_ns();
         let start = buffer.dts().or(buffer.pts());
         self.note_position(
             start,
@@ -1907,7 +1908,7 @@ impl BaseSinkImpl for GpuShmSink {
                 let t = [
                     crate::stages::CHAIN_NS.with(|c| c.get()),
                     render_ns,
-                    crate::ring::monotonic_ns(),
+                    gpushm::monotonic_ns(),
                 ];
                 // SAFETY: the slot is ours until published, and at least 32 bytes long.
                 unsafe {

@@ -23,12 +23,10 @@ use std::time::Duration;
 use gst::glib;
 use gst::subclass::prelude::*;
 
-use crate::ring::publisher::Publisher;
-
-/// The sink's publisher: slots are owned by buffers of its pool.
-pub type Server = Publisher<gst::Buffer>;
+/// The sink's engine: slots are owned by buffers of its pool.
+pub type Server = gpushm::server::Server<gst::Buffer>;
 use crate::memory::wrap_slot_memory;
-use crate::ring::producer::ProducerRing;
+use gpushm::ring::producer_end::ProducerRing;
 
 glib::wrapper! {
     pub struct SlotPool(ObjectSubclass<imp::SlotPool>) @extends gst::BufferPool, gst::Object;

@@ -74,9 +74,9 @@ use crate::cuda::gstcuda;
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
 use crate::cudameta::{CudaMetaApi, CudaRegister};
-use crate::ring::client::ConnectOptions;
-use crate::ring::layout::NONE_U64;
-use crate::ring::time::TimeMap;
+use gpushm::ring::layout::NONE_U64;
+use gpushm::subscriber::ConnectOptions;
+use gpushm::time::TimeMap;
 
 /// Caps of the GstReferenceTimestampMeta holding the producer's publish time.
 pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
@@ -90,13 +90,13 @@ const DEFAULT_MAX_SIZE_BUFFERS: u32 = 0;
 const DEFAULT_PRODUCER_UID: i64 = -1;
 const DEFAULT_MAX_SIZE_BYTES: u64 = 256 << 20;
 const DEFAULT_MAX_SIZE_TIME: u64 = 2_000_000_000;
-/// The latency this source answers for its timestamps (see [`crate::ring::time`]): a frame is
+/// The latency this source answers for its timestamps (see [`gpushm::time`]): a frame is
 /// stamped about when its producer published it, so it needs only the time to reach us and
 /// be pushed.
 const ANSWERED_LATENCY: u64 = 5_000_000;
 
 /// The largest `spin-us` (the core's bound).
-const MAX_SPIN_US: u32 = gpushm::client::MAX_SPIN.as_micros() as u32;
+const MAX_SPIN_US: u32 = gpushm::policy::MAX_SPIN.as_micros() as u32;
 
 #[derive(Debug, Clone)]
 struct Settings {
@@ -166,7 +166,7 @@ struct Started {
     /// Downstream asked for GpuShmCudaMeta (auto): the device was looked for.
     cuda_asked: bool,
     /// cpu-latency-us, held until stop.
-    _cpu_latency: Option<crate::ring::cpu_latency::CpuLatency>,
+    _cpu_latency: Option<gpushm::cpu_latency::CpuLatency>,
 }
 
 pub struct GpuShmSrc {
@@ -215,7 +215,7 @@ impl GpuShmSrc {
     }
 
     /// Sets PTS and DTS: the producer's clock times mapped into this pipeline's running time
-    /// by the gpushm crate's one mapping ([`crate::ring::time`]).
+    /// by the gpushm crate's one mapping ([`gpushm::time`]).
     fn timestamp(&self, st: &mut Started, t: &Timing, b: &mut gst::BufferRef, f: &Details) {
         if t.does_timestamp {
             return;
@@ -247,7 +247,7 @@ impl GpuShmSrc {
             0
         } else {
             let o = match st.clock_offset {
-                Some(o) if o.abs_diff(t.offset) <= crate::ring::time::OFFSET_SLACK as u128 => o,
+                Some(o) if o.abs_diff(t.offset) <= gpushm::time::OFFSET_SLACK as u128 => o,
                 _ => t.offset,
             };
             st.clock_offset = Some(o);
@@ -257,7 +257,7 @@ impl GpuShmSrc {
         let published = m.publish_ns.min(f.arrival_ns) as i128;
         let mapped = st.map.map(m, base.nseconds() as i128 - offset, published);
         let mut pts = mapped.pts.map(gst::ClockTime::from_nseconds);
-        if crate::ring::format::is_raw_video(&f.caps) {
+        if gpushm::format::is_raw_video(&f.caps) {
             // Raw video has no reordering: its PTS never goes back (after a pause, a frame
             // stamped just before this pipeline played again would map before the last).
             if let (Some(p), Some(last)) = (pts, st.last_pts) {
@@ -318,7 +318,7 @@ impl GpuShmSrc {
         let obj = self.obj();
         let clock = obj.clock();
         let offset = clock.as_ref().map_or(0, |c| {
-            c.time().nseconds() as i128 - crate::ring::monotonic_ns() as i128
+            c.time().nseconds() as i128 - gpushm::monotonic_ns() as i128
         });
         Timing {
             does_timestamp: obj.does_timestamp(),
@@ -475,7 +475,7 @@ impl GpuShmSrc {
         })?;
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
         let shared = self.shared();
-        if let Some(d) = device.filter(|_| crate::ring::format::is_raw_video(caps_str)) {
+        if let Some(d) = device.filter(|_| gpushm::format::is_raw_video(caps_str)) {
             if let Some((pool, cuda_caps)) = self.cuda_output(&caps, d) {
                 if let Some(sh) = &shared {
                     sh.set_cuda_out(Some((pool, caps_str.clone())));
@@ -592,7 +592,7 @@ impl GpuShmSrc {
         cuda: bool,
     ) -> Result<gst::Buffer, gst::FlowError> {
         let is_cuda = buffer.n_memory() > 0 && gstcuda::is_cuda_memory(buffer.peek_memory(0));
-        if is_cuda == cuda || !crate::ring::format::is_raw_video(&f.caps) {
+        if is_cuda == cuda || !gpushm::format::is_raw_video(&f.caps) {
             return Ok(buffer);
         }
         let fail = |what: &str| {
@@ -1190,10 +1190,10 @@ impl GpuShmSrc {
         // frame's way. Base time and clock change only while create() is not running (a live
         // source is unlocked before it pauses); read again after a long wait all the same.
         let mut timing = self.timing();
-        let asked = crate::ring::monotonic_ns();
+        let asked = gpushm::monotonic_ns();
         let (item, discont) = reader.next_item().ok_or(gst::FlowError::Flushing)?;
         #[cfg(feature = "stages")]
-        let t_next = crate::ring::monotonic_ns();
+        let t_next = gpushm::monotonic_ns();
         match item {
             Item::Frame(Received {
                 mut buffer,
@@ -1237,7 +1237,7 @@ impl GpuShmSrc {
                     guard = self.state();
                 }
                 #[cfg(feature = "stages")]
-                let t_caps = crate::ring::monotonic_ns();
+                let t_caps = gpushm::monotonic_ns();
                 #[cfg(feature = "stages")]
                 let mut stage_times;
                 let latency_changed = {
@@ -1258,7 +1258,7 @@ impl GpuShmSrc {
                             f.built_ns,
                             t_next,
                             t_caps,
-                            crate::ring::monotonic_ns(),
+                            gpushm::monotonic_ns(),
                             0,
                         ];
                     }
@@ -1274,7 +1274,7 @@ impl GpuShmSrc {
                 if headers.is_empty() {
                     #[cfg(feature = "stages")]
                     if let Some(b) = buffer.get_mut() {
-                        stage_times[5] = crate::ring::monotonic_ns();
+                        stage_times[5] = gpushm::monotonic_ns();
                         crate::stages::add_all(b, stage_times);
                     }
                     return Ok(CreateSuccess::NewBuffer(buffer));

@@ -15,7 +15,7 @@ static CAT: once_cell::sync::Lazy<gst::DebugCategory> = once_cell::sync::Lazy::n
 });
 pub use imp::PUBLISH_TIMESTAMP_CAPS;
 
-/// gpushmsrc's `mode`: the core crate's [`gpushm::client::Delivery`] as a GStreamer enum.
+/// gpushmsrc's `mode`: the core crate's [`gpushm::policy::Delivery`] as a GStreamer enum.
 #[derive(Debug, Eq, PartialEq, Hash, Clone, Copy, glib::Enum, Default)]
 #[repr(u32)]
 #[enum_type(name = "GstGpuShmDelivery")]
@@ -38,7 +38,7 @@ pub enum DeliveryMode {
     Auto = 2,
 }
 
-impl From<DeliveryMode> for gpushm::client::Delivery {
+impl From<DeliveryMode> for gpushm::policy::Delivery {
     fn from(m: DeliveryMode) -> Self {
         match m {
             DeliveryMode::Leaky => Self::Leaky,

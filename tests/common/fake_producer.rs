@@ -9,10 +9,10 @@ use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::Duration;
 
+use gpushm::ring::producer_end::{ClientChannel, Entry, FrameMeta, ProducerRing};
+use gpushm::ring::shm;
+use gpushm::wire::{Conn, Message};
 use gst::glib::translate::IntoGlib;
-use gstgpushm::ring::producer::{ClientChannel, Entry, FrameMeta, ProducerRing};
-use gstgpushm::ring::shm;
-use gstgpushm::ring::wire::{Conn, Message};
 
 pub struct FakeProducer {
     pub listener: UnixListener,

@@ -279,19 +279,19 @@ pub fn wait_for_path(path: &Path, timeout: Duration) {
 
 /// A client speaking the protocol by hand (for hostile tests): Hello sent, Welcome read.
 pub struct RawClient {
-    pub conn: gstgpushm::ring::wire::Conn,
-    pub ch: gstgpushm::ring::consumer::ConsumerChannel,
+    pub conn: gpushm::wire::Conn,
+    pub ch: gpushm::ring::consumer_end::ConsumerChannel,
     /// Its end of the slot-released doorbell.
-    pub release: gstgpushm::ring::shm::Doorbell,
+    pub release: gpushm::ring::shm::Doorbell,
     /// Its end of the frame-ready doorbell.
-    pub ready: gstgpushm::ring::shm::Doorbell,
+    pub ready: gpushm::ring::shm::Doorbell,
     /// The first ring announced (descriptor and flags), once asked for with `recv_ring`.
     pub ring: Option<(std::os::fd::OwnedFd, u32)>,
 }
 
 /// Connects to `sock` and says Hello with `flags`.
 pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
-    use gstgpushm::ring::wire::{Conn, Message};
+    use gpushm::wire::{Conn, Message};
     let mut conn = Conn::new(std::os::unix::net::UnixStream::connect(sock).expect("connect"));
     conn.send(
         &Message::Hello {
@@ -309,9 +309,9 @@ pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
     let Message::Welcome { queue_capacity, .. } = m else {
         panic!("expected Welcome, got {m:?}")
     };
-    let release = gstgpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "release").unwrap();
-    let ready = gstgpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "ready").unwrap();
-    let ch = gstgpushm::ring::consumer::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
+    let release = gpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "release").unwrap();
+    let ready = gpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "ready").unwrap();
+    let ch = gpushm::ring::consumer_end::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
         .unwrap();
     RawClient {
         conn,
@@ -325,7 +325,7 @@ pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
 impl RawClient {
     /// Waits up to 5 s for the producer's Ring message and keeps its descriptor.
     pub fn recv_ring(mut self) -> Self {
-        use gstgpushm::ring::wire::Message;
+        use gpushm::wire::Message;
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.ring.is_none() && Instant::now() < deadline {
             if let Some((Message::Ring { flags, .. }, mut fds)) = self

@@ -20,9 +20,9 @@
 
 use std::time::{Duration, Instant};
 
-use gpushm::client::{ConnectOptions, Subscriber};
 use gpushm::format::{pattern_value, FrameLayout, VideoFormat};
-use gpushm::publisher::{Config, FramePublisher};
+use gpushm::publisher::{Config, Publisher};
+use gpushm::subscriber::{ConnectOptions, Subscriber};
 use gstgpushm::cuda;
 
 fn arg(args: &[String], k: &str) -> Option<String> {
@@ -51,7 +51,7 @@ fn produce(args: &[String], socket: &str) -> Result<(), String> {
     let frames = num(args, "--frames", 30);
     let layout = FrameLayout::new(VideoFormat::Gray8, w, h).ok_or("bad size")?;
     let dev = cuda::device(num(args, "--gpu", 0) as i32).map_err(|e| e.to_string())?;
-    let publisher = FramePublisher::new_on_device(
+    let publisher = Publisher::new_on_device(
         socket.as_ref(),
         layout.clone(),
         (30, 1),
@@ -104,7 +104,7 @@ fn consume(args: &[String], socket: &str) -> Result<(), String> {
     let before = free_mib();
     let opts = ConnectOptions {
         device_memory: !args.iter().any(|a| a == "--host-only"),
-        mode: gpushm::client::Delivery::Lossless,
+        mode: gpushm::policy::Delivery::Lossless,
         timeout: Duration::from_secs(20),
         name: "device_ring".into(),
         ..Default::default()

@@ -17,7 +17,7 @@ use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 
 use fake_producer::{make_blocking, FakeProducer};
-use gstgpushm::ring::producer::FrameMeta;
+use gpushm::ring::producer_end::FrameMeta;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

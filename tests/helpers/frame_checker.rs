@@ -95,7 +95,7 @@ fn parse() -> Result<Args, String> {
 }
 
 fn now_ns() -> u64 {
-    gstgpushm::ring::monotonic_ns()
+    gpushm::monotonic_ns()
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {

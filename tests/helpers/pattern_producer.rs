@@ -164,7 +164,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     sink.connect("client-connected", false, |v| {
         println!(
             "CONNECTED t={} id={}",
-            gstgpushm::ring::monotonic_ns(),
+            gpushm::monotonic_ns(),
             v[1].get::<i32>().unwrap_or(-1)
         );
         None
@@ -172,7 +172,7 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
     sink.connect("client-disconnected", false, |v| {
         println!(
             "DISCONNECTED t={} id={}",
-            gstgpushm::ring::monotonic_ns(),
+            gpushm::monotonic_ns(),
             v[1].get::<i32>().unwrap_or(-1)
         );
         None

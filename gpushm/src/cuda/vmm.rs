@@ -525,13 +525,16 @@ unsafe impl Sync for DeviceMemory {}
 
 /// Makes `ring` (not yet announced) a device ring on `device`: GPU memory mirroring its
 /// memfd, mapped read-write here (the ring keeps it as its attachment: see
-/// [`crate::producer::ProducerRing::attachment`]) and exported once for its consumers.
+/// [`crate::ring::producer_end::ProducerRing::attachment`]) and exported once for its consumers.
 /// Frames are then written through [`device_ptr_of_slot`].
-pub fn place_ring(ring: &crate::producer::ProducerRing, device: &Arc<Device>) -> Result<()> {
+pub fn place_ring(
+    ring: &crate::ring::producer_end::ProducerRing,
+    device: &Arc<Device>,
+) -> Result<()> {
     let (base, len) = ring.mapping();
     let mut mem = DeviceMemory::allocate(device, len)?;
     mem.mirror(base, len);
-    let share = crate::producer::DeviceShare {
+    let share = crate::ring::producer_end::DeviceShare {
         gpu_uuid: uuid(device)?,
         size: mem.len() as u64,
         fd: mem.export()?,
@@ -550,6 +553,9 @@ pub fn of(attachment: Option<&(dyn std::any::Any + Send + Sync)>) -> Option<&Dev
 }
 
 /// Device address of `slot` of a producer's device ring.
-pub fn device_ptr_of_slot(ring: &crate::producer::ProducerRing, slot: u32) -> Option<u64> {
+pub fn device_ptr_of_slot(
+    ring: &crate::ring::producer_end::ProducerRing,
+    slot: u32,
+) -> Option<u64> {
     of(ring.attachment())?.device_ptr_of(ring.slot_ptr(slot))
 }

@@ -59,7 +59,7 @@ unsafe impl Send for SpareMemory {}
 
 impl SpareMemory {
     /// Puts `lease` in and hands the memory out (once: it consumes the spare).
-    fn fill(self, lease: crate::ring::client::SlotLease) -> gst::Memory {
+    fn fill(self, lease: gpushm::subscriber::SlotLease) -> gst::Memory {
         // SAFETY: `self.mem` holds its only reference (made ahead, never handed out), so the
         // NotifyOnRelease it owns is alive and nothing else reads or writes it; the lease
         // keeps `ptr` mapped from here on.
@@ -618,7 +618,7 @@ impl Worker {
                 slot,
                 on_device: device,
                 #[cfg(feature = "stages")]
-                built_ns: crate::ring::monotonic_ns(),
+                built_ns: gpushm::monotonic_ns(),
             },
             headers,
         }))

@@ -46,7 +46,7 @@ impl Worker {
                         *self.shared.caps.lock().unwrap_or_else(|e| e.into_inner()) = Some(c);
                     }
                 }
-                let arrival_ns = crate::ring::monotonic_ns();
+                let arrival_ns = gpushm::monotonic_ns();
                 match self.build(&conn, frame, arrival_ns) {
                     Ok(Some(r)) => Step::Item(Item::Frame(r)),
                     // Skipped (waiting for a keyframe): read on.

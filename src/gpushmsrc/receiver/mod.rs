@@ -36,11 +36,11 @@ use gst::prelude::*;
 
 use super::CAT;
 use crate::memory::{wrap_slot_memory, wrap_slot_memory_keeping};
-use crate::ring::client::{ConnectOptions, Frame, Subscriber, Waker};
-use crate::ring::consumer::ConsumerRing;
-use crate::ring::layout::{MAX_PLANES, NONE_U64};
-use crate::ring::producer::FrameMeta;
-use crate::ring::Error;
+use gpushm::ring::consumer_end::ConsumerRing;
+use gpushm::ring::layout::{MAX_PLANES, NONE_U64};
+use gpushm::ring::producer_end::FrameMeta;
+use gpushm::subscriber::{ConnectOptions, Frame, Subscriber, Waker};
+use gpushm::Error;
 
 /// How long a lossless consumer of a producer that is not live waits for downstream to hand
 /// a frame back before it copies instead.
@@ -49,7 +49,7 @@ const NON_LIVE_WAIT: Duration = Duration::from_millis(20);
 /// A zero-copy frame's lease inside its GstMemory: when downstream drops the buffer, the slot
 /// goes back and a receiver waiting for that (lossless, producer not live) wakes at once.
 struct NotifyOnRelease {
-    lease: Option<crate::ring::client::SlotLease>,
+    lease: Option<gpushm::subscriber::SlotLease>,
     shared: std::sync::Weak<Shared>,
 }
 
@@ -266,7 +266,7 @@ impl Shared {
         let mut q = self.queue();
         q.go = true;
         if std::mem::take(&mut q.paused) {
-            q.playing_since = crate::ring::monotonic_ns();
+            q.playing_since = gpushm::monotonic_ns();
         }
         drop(q);
         self.cond.notify_all();
@@ -715,7 +715,7 @@ struct Worker {
     dropped_seen: u64,
     dropped_base: u64,
     /// The low-latency mode's figures of earlier connections.
-    spin_base: crate::ring::client::SpinStats,
+    spin_base: gpushm::subscriber::SpinStats,
     copy_warned: bool,
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,

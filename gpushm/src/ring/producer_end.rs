@@ -14,10 +14,11 @@ use std::sync::atomic::Ordering;
 use memmap2::MmapMut;
 
 use super::layout::*;
-use super::{shm, Error, Result};
+use super::shm;
+use crate::{Error, Result};
 
-pub use crate::frame::{Entry, FrameMeta, TimeCode};
-pub(crate) use crate::layout::Base;
+pub use super::frame::{Entry, FrameMeta, TimeCode};
+pub(crate) use crate::ring::layout::Base;
 
 /// The GPU memory that holds a device ring's pixels, as consumers are sent it (see
 /// [`crate::cuda::vmm`]; made there, kept here so that the transport needs no CUDA).
@@ -371,7 +372,7 @@ impl ClientChannel {
         self.skipped
     }
 
-    /// The client's latency histogram (see [`crate::layout::latency_bucket`]): its own
+    /// The client's latency histogram (see [`crate::ring::layout::latency_bucket`]): its own
     /// figures, only reported.
     pub fn latency_histogram(&self) -> Vec<u32> {
         // SAFETY: the mapping holds a whole client block of `capacity` entries a queue.
@@ -398,14 +399,14 @@ impl ClientChannel {
 
     /// Whether the client sleeps in a subscriber's wait for a frame (not polling the doorbell
     /// in an event loop of its own) and went to sleep on a CPU other than `cpu` (1 + the
-    /// CPU, see [`crate::layout::this_cpu`]): a wake-up from `cpu` ahead of a frame then ends
+    /// CPU, see [`crate::ring::layout::this_cpu`]): a wake-up from `cpu` ahead of a frame then ends
     /// that sleep early without taking `cpu` from us. (A client that lies only misses or
     /// gets such wake-ups.)
     pub fn consumer_sleeps_off(&self, cpu: u32) -> bool {
         std::sync::atomic::fence(Ordering::SeqCst);
         let h = self.header();
         let slept_on = h.sleep_cpu.load(Ordering::Acquire);
-        h.consumer_waits.load(Ordering::Acquire) == crate::layout::WAITS_SLEEPING
+        h.consumer_waits.load(Ordering::Acquire) == crate::ring::layout::WAITS_SLEEPING
             && cpu != 0
             && slept_on != 0
             && slept_on != cpu

@@ -13,7 +13,8 @@ use memmap2::{Mmap, MmapMut};
 use super::frame::{Entry, FrameMeta, TimeCode};
 use super::layout::Base;
 use super::layout::*;
-use super::{shm, Error, Result};
+use super::shm;
+use crate::{Error, Result};
 
 /// The mapping, kept alive; `ptr` is its first byte.
 enum Mapping {
@@ -407,14 +408,14 @@ impl ConsumerChannel {
 
     /// Says whether we wait on the frame-ready eventfd (the producer writes it only then),
     /// ordered before any later look at the delivery queue: `0`, or how we wait
-    /// ([`crate::layout::WAITS_SLEEPING`], [`crate::layout::WAITS_POLLED`]).
+    /// ([`crate::ring::layout::WAITS_SLEEPING`], [`crate::ring::layout::WAITS_POLLED`]).
     pub fn set_waiting(&self, how: u32) {
         let h = self.header();
-        if how == crate::layout::WAITS_SLEEPING {
+        if how == crate::ring::layout::WAITS_SLEEPING {
             // Where this sleep is, and no early wake-up for it yet (what an earlier sleep was
             // told must not make this one poll).
             h.sleep_cpu
-                .store(crate::layout::this_cpu(), Ordering::Relaxed);
+                .store(crate::ring::layout::this_cpu(), Ordering::Relaxed);
             // Written only when set: the field sits on the producer's cache line.
             if h.early_wake_cpu.load(Ordering::Relaxed) != 0 {
                 h.early_wake_cpu.store(0, Ordering::Relaxed);
@@ -521,8 +522,8 @@ impl ConsumerChannel {
 
 #[cfg(test)]
 mod tests {
-    use super::super::producer::{ClientChannel, ProducerRing};
     use super::*;
+    use crate::ring::producer_end::{ClientChannel, ProducerRing};
     use std::sync::atomic::AtomicU64;
     use std::sync::Arc;
 
@@ -858,7 +859,7 @@ mod tests {
         assert!(c.has_delivery());
         // A consumer about to sleep says so; the producer then wakes it, ahead of a frame too.
         // Not from the CPU it went to sleep on, where it would take the CPU from the producer.
-        c.set_waiting(crate::layout::WAITS_SLEEPING);
+        c.set_waiting(crate::ring::layout::WAITS_SLEEPING);
         assert!(p.consumer_waits());
         let slept_on = c.header().sleep_cpu.load(Ordering::Relaxed);
         assert_ne!(slept_on, 0, "the CPU it sleeps on is told");
@@ -870,7 +871,7 @@ mod tests {
         p.set_early_wake_cpu(slept_on + 1);
         assert_eq!(c.early_wake_cpu(), slept_on + 1);
         // One whose event loop polls the doorbell is woken by deliveries only.
-        c.set_waiting(crate::layout::WAITS_POLLED);
+        c.set_waiting(crate::ring::layout::WAITS_POLLED);
         assert!(p.consumer_waits());
         assert!(!p.consumer_sleeps_off(slept_on + 1));
         c.set_waiting(0);

@@ -2,7 +2,7 @@
 //! What both ends of the ring say about frames: the metadata of one frame, its time code, and
 //! the (frame, ring, slot) triple that travels through the client queues.
 
-use crate::layout::MAX_PLANES;
+use super::layout::MAX_PLANES;
 
 /// Everything the producer says about one frame; the consumer reads back the same struct.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -13,7 +13,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::stat::{fstat, Mode};
 
-use super::{Error, Result};
+use crate::{Error, Result};
 
 /// Creates a memfd of `size` bytes, sealed so that nobody can shrink, grow or reseal it.
 pub fn create_sealed_memfd(name: &str, size: u64) -> Result<OwnedFd> {

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: MPL-2.0
+//! What a consumer may ask for and every limit the producer holds clients to, in one place:
+//! delivery modes, the per-frame [`Policy`], how much a client may hold and for how long,
+//! admission limits, and the low-latency bounds. The server applies them
+//! ([`crate::server`]); who is cut when the ring runs out is decided in
+//! `server/fairness.rs` from the limits here.
+
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// Whether the producer may skip frames for a consumer that falls behind. One name and type
+/// for every binding: gpushmsrc's `mode` property, [`ConnectOptions::mode`], Python's `mode=`.
+///
+/// [`ConnectOptions::mode`]: crate::subscriber::ConnectOptions::mode
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Delivery {
+    /// Frames this consumer is too slow for are skipped (the newest ones win): live video
+    /// for viewers and analytics.
+    Leaky,
+    /// The producer waits for this consumer (up to its max-wait) instead of skipping frames:
+    /// recorders.
+    Lossless,
+    /// The default: lossless, except for live raw video, which is leaky. Audio, encoded
+    /// video, data and every stream that is not live lose nothing by default; live raw
+    /// video lets a slow consumer skip frames rather than hold the camera up. Of a live
+    /// stream (audio, encoded), an `auto` consumer may hold the producer up at most
+    /// [`LIVE_HOLD_PERCENT`] % of real time, 1 s at once (its pipeline starting, a disk
+    /// stall): a consumer slower than the stream then loses what it has no room for, instead
+    /// of slowing the live source, and every other consumer, to its pace.
+    #[default]
+    Auto,
+}
+
+impl Delivery {
+    /// Whether frames of a stream that is `live` (or not) with `caps` are waited for.
+    pub fn lossless_for(self, live: bool, caps: &str) -> bool {
+        match self {
+            Delivery::Leaky => false,
+            Delivery::Lossless => true,
+            Delivery::Auto => !(live && crate::format::is_raw_video(caps)),
+        }
+    }
+
+    /// The name in gpushmsrc's `mode` property and Python's `mode=`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Delivery::Leaky => "leaky",
+            Delivery::Lossless => "lossless",
+            Delivery::Auto => "auto",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Delivery::Leaky, Delivery::Lossless, Delivery::Auto]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
+/// How the producer treats clients that fall behind, for one frame.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Frames one client may reference at once (delivered and not released).
+    pub budget: usize,
+    /// How long a lossless client at its budget may hold the producer up, per frame.
+    pub max_wait: Duration,
+    /// Low-latency mode of that wait: how long the producer polls the full clients' releases
+    /// before it sleeps (a wake-up through the connection thread is two thread hops). Zero:
+    /// off. Spent at most once per frame, and never past `max_wait` nor a bounded client's
+    /// hold credit.
+    pub spin: Duration,
+}
+
+/// Frames a consumer keeps zero-copy at most with `budget`: the budget less room for frames on
+/// their way to it (two when the budget allows, one otherwise). Past it, gpushmsrc and Python
+/// copy what downstream keeps, so that the producer never waits for frames held downstream.
+pub fn zero_copy_limit(budget: usize) -> usize {
+    if budget >= 3 {
+        budget - 2
+    } else {
+        budget.saturating_sub(1)
+    }
+}
+
+/// A leaky client keeps at most this many frames it has not taken yet; older ones are taken
+/// back (and counted as dropped) so that it never holds the producer up.
+pub const LEAKY_BACKLOG: usize = 2;
+
+/// An `auto` consumer of a live stream is waited for, but may hold the producer up at most
+/// this share of real time (in percent), and at most [`LIVE_HOLD_BURST`] at once (a consumer
+/// whose pipeline is starting, a disk stall): beyond that it loses frames like a leaky one,
+/// so that one slow default consumer cannot slow a live source (and every other consumer)
+/// down to its pace. `lossless` consumers are waited for without this bound.
+pub const LIVE_HOLD_PERCENT: u32 = 10;
+/// See [`LIVE_HOLD_PERCENT`].
+pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
+
+/// Every client's budget (frames it may reference at once) while the ring is crowded (as many
+/// open clients as the ring's slots less one, or more): one kept zero-copy and one in flight.
+pub const CROWDED_BUDGET: usize = 2;
+
+/// How long every slot of the ring may be held by clients, with none of them giving a frame
+/// back, before the client holding most is disconnected (it takes frames and never gives them
+/// back, or it is frozen with many). Slow clients that still release frames are never cut.
+pub const STARVATION_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// At max-clients, a new consumer takes the place of the client that has had frames waiting
+/// and taken none for longest, if that is at least this long (one that keeps up is never
+/// pushed out).
+pub const STALLED_EVICT: Duration = Duration::from_secs(1);
+
+/// A connection must complete its handshake within this time.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections that have not said Hello yet, at most. A new connection beyond that first
+/// lets those that did say it in, then takes the place of the oldest silent one, which is
+/// told to try again (a consumer sends Hello as soon as it connects: sockets that stay
+/// silent cannot lock consumers out).
+pub const MAX_PENDING: usize = 64;
+
+/// New connections accepted per second at most, sustained: a flood of connections (a client
+/// reconnecting in a loop, or one attacking) costs the producer a bounded share of a core and
+/// cannot keep the connection thread, and the lock frames are published under, busy. Beyond
+/// the rate, connections wait in the listen backlog.
+pub const ACCEPT_RATE: u32 = 2000;
+/// Connections accepted at once before [`ACCEPT_RATE`] applies (consumers started together).
+pub const ACCEPT_BURST: u32 = 256;
+/// Connections waiting to be accepted at most (the listen backlog).
+pub const LISTEN_BACKLOG: i32 = 512;
+/// Connections accepted in one round of the connection thread at most.
+pub const ACCEPT_BATCH: u32 = 64;
+
+/// The largest low-latency budget ([`ConnectOptions::spin`], a publisher's spin): 100 ms of
+/// polling a frame (more is refused, as an error that says so).
+///
+/// [`ConnectOptions::spin`]: crate::subscriber::ConnectOptions::spin
+pub const MAX_SPIN: Duration = Duration::from_millis(100);
+
+/// Refuses a low-latency budget over [`MAX_SPIN`], saying why: the one check behind every
+/// way to set one (subscribers, publishers, the elements' bounded properties aside).
+pub fn check_spin(spin: Duration) -> Result<()> {
+    if spin > MAX_SPIN {
+        return Err(Error::Invalid(format!(
+            "a low-latency budget (spin, spin-us, spin_us) of {} µs is more than the {} µs of \
+             polling a frame allowed (0 turns the mode off)",
+            spin.as_micros(),
+            MAX_SPIN.as_micros()
+        )));
+    }
+    Ok(())
+}
+
+/// How long a subscriber woken with no frame yet polls for it (see
+/// [`crate::server::Server::wake_early`]), at most once per frame it takes.
+pub const EARLY_WAKE_POLL: Duration = Duration::from_micros(100);
+
+/// How long since the last frame [`crate::server::Server::wake_early`] waits before it wakes
+/// clients ahead of a frame: a core idle for less is quick to wake (a few µs), one idle for a
+/// millisecond or more takes tens of µs (60-80 on the H100 machine). Streams of up to 2000
+/// frames a second are woken early; faster ones are not.
+pub const WAKE_EARLY_GAP: Duration = Duration::from_micros(500);
+
+/// The shortest interval between frames for which a wake-up ahead
+/// ([`crate::server::Server::set_wake_ahead`]) is rung before a frame is due: the connection
+/// thread wakes once per frame to do it, so faster streams (over 500 frames a second) are
+/// only woken as each frame comes (wake-early).
+pub const WAKE_AHEAD_MIN_INTERVAL: Duration = Duration::from_millis(2);
+
+/// The longest wake-up ahead: a woken consumer polls [`EARLY_WAKE_POLL`] at most, so that
+/// waking it more than a few hundred µs before the frame only costs it a second wake-up.
+pub const MAX_WAKE_AHEAD: Duration = Duration::from_millis(1);
+
+/// Whether `ahead` may be a wake-up ahead: at most [`MAX_WAKE_AHEAD`]; the one check behind
+/// every way to set it (the element's property, C, Python).
+pub fn check_wake_ahead(ahead: Duration) -> Result<()> {
+    if ahead > MAX_WAKE_AHEAD {
+        return Err(Error::Invalid(format!(
+            "a wake-up ahead of {} µs is over the most, {} µs",
+            ahead.as_micros(),
+            MAX_WAKE_AHEAD.as_micros()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,292 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Waiting for the next frame: asleep on the frame-ready doorbell and the control socket, or
+//! in low-latency mode polling the ring around the time the next frame is due
+//! ([`crate::subscriber::ConnectOptions::spin`]), and the short poll after a wake-up ahead of a
+//! frame ([`crate::server::Server::wake_early`]).
+
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use nix::poll::{PollFd, PollFlags};
+use nix::sys::time::TimeSpec;
+
+use super::connection::Connection;
+use crate::policy::EARLY_WAKE_POLL;
+use crate::{Error, Result};
+
+/// The descriptors of a connection to poll on. They stay open while the connection lives; the
+/// caller must not let it be dropped during a wait.
+#[derive(Clone, Copy)]
+pub(crate) struct WaitFds {
+    ready: RawFd,
+    socket: RawFd,
+}
+
+impl WaitFds {
+    fn of(c: &Connection) -> Self {
+        Self {
+            ready: c.ready.as_raw_fd(),
+            socket: c.socket_fd(),
+        }
+    }
+
+    /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
+    /// Returns also whether the socket was readable (or hung up).
+    #[link_section = ".text.hot.gpushm"]
+    pub fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
+        // ppoll: a timeout to the µs (low-latency mode sleeps until just before a frame).
+        let t = timeout.map(|d| TimeSpec::from_duration(d.min(Duration::from_secs(1 << 31))));
+        // SAFETY: the caller keeps the connection, which owns both descriptors, alive.
+        let (ready, sock) = unsafe {
+            (
+                BorrowedFd::borrow_raw(self.ready),
+                BorrowedFd::borrow_raw(self.socket),
+            )
+        };
+        let mut pfds = [
+            PollFd::new(wake, PollFlags::POLLIN),
+            PollFd::new(ready, PollFlags::POLLIN),
+            PollFd::new(sock, PollFlags::POLLIN),
+        ];
+        let n = match nix::poll::ppoll(&mut pfds, t, None) {
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => return Ok((Wait::Ready, true)),
+            Err(e) => return Err(Error::os("poll", e)),
+        };
+        if pfds[0].any().unwrap_or(false) {
+            return Ok((Wait::Woken, false));
+        }
+        if n == 0 {
+            return Ok((Wait::TimedOut, false));
+        }
+        Ok((Wait::Ready, pfds[2].any().unwrap_or(true)))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Something may be ready: call `try_next` again.
+    Ready,
+    /// The wake descriptor fired (unlock).
+    Woken,
+    TimedOut,
+}
+
+/// How a subscriber's low-latency mode ([`ConnectOptions::spin`](crate::subscriber::ConnectOptions::spin)) fares: tune the budget by
+/// it. A frame that comes while the ring is polled saves the wake-up; a poll that ends without
+/// one cost its whole budget (the stream paused, changed its cadence, or jitters more than the
+/// budget covers).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpinStats {
+    /// Frames that came while the ring was polled.
+    pub caught: u64,
+    /// Polls that ended without a frame.
+    pub missed: u64,
+}
+
+impl Connection {
+    /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
+    /// In low-latency mode, polls the ring around the time the next frame is due first,
+    /// calling `warm_up` as the poll starts.
+    #[link_section = ".text.hot.gpushm"]
+    pub fn wait(
+        &mut self,
+        wake: BorrowedFd<'_>,
+        timeout: Option<Duration>,
+        warm_up: &mut dyn FnMut(),
+    ) -> Result<Wait> {
+        if self.spin.is_zero() {
+            let start = Instant::now();
+            let r = self.wait_blocking(wake, timeout)?;
+            if r == Wait::Ready {
+                self.poll_after_early_wake(timeout.map(|t| t.saturating_sub(start.elapsed())));
+            }
+            return Ok(r);
+        }
+        let start = Instant::now();
+        let deadline = timeout.and_then(|t| start.checked_add(t));
+        if let Some(r) = self.wait_spinning(wake, deadline, warm_up)? {
+            return Ok(r);
+        }
+        self.wait_blocking(
+            wake,
+            deadline.map(|d| d.saturating_duration_since(Instant::now())),
+        )
+    }
+
+    /// Low-latency mode ([`ConnectOptions::spin`](crate::subscriber::ConnectOptions::spin)): if the next frame's time is known and a
+    /// poll was not spent on it yet, sleeps (woken by a frame as usual) until a little before
+    /// it is due, then polls the ring for at most the budget. `None`: no frame came in that
+    /// time (or no poll is due): wait as usual.
+    #[link_section = ".text.hot.gpushm"]
+    fn wait_spinning(
+        &mut self,
+        wake: BorrowedFd<'_>,
+        deadline: Option<Instant>,
+        warm_up: &mut dyn FnMut(),
+    ) -> Result<Option<Wait>> {
+        let Some(due) = self.cadence.take_due() else {
+            return Ok(None);
+        };
+        let half = self.spin.as_nanos() as u64 / 2;
+        let now = crate::monotonic_ns();
+        if now >= due.saturating_add(half) {
+            // Late past the window already (the stream paused, or we came late): sleep.
+            return Ok(None);
+        }
+        if self.always_wake.load(Ordering::Relaxed) {
+            // The doorbell rings for every frame (the caller polls it too): what it said of
+            // frames taken already must not end the sleep below at once.
+            self.ready.drain();
+        }
+        // Awake half the budget before the frame is due, the timer's slack allowed for.
+        let wake_at = due.saturating_sub(half + self.slack_ns);
+        if wake_at > now {
+            let mut sleep = Duration::from_nanos(wake_at - now);
+            if let Some(d) = deadline {
+                sleep = sleep.min(d.saturating_duration_since(Instant::now()));
+            }
+            match self.wait_blocking(wake, Some(sleep))? {
+                Wait::TimedOut if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    return Ok(Some(Wait::TimedOut))
+                }
+                Wait::TimedOut => {}
+                // Rung ahead of a frame (the producer's wake-early), from another CPU: the
+                // frame is on its way, poll for it from now.
+                Wait::Ready if self.woken_early_elsewhere() => {}
+                // A frame came early, news on the socket, or woken.
+                r => return Ok(Some(r)),
+            }
+        }
+        // Awake before the frame: what its way will read, read now (after a sleep it is out
+        // of the caches and the TLB, and each miss costs on the frame's way): ours, then the
+        // caller's.
+        std::hint::black_box((
+            self.rings.back().map(|r| r.warm_up()),
+            self.caps.back().map(|c| c.0),
+            self.releaser.leases.load(Ordering::Relaxed),
+        ));
+        warm_up();
+        // Poll, the producer not asked to ring (it saves the system call too).
+        let ch = &self.releaser.ch;
+        let mut end = Instant::now() + self.spin;
+        if let Some(d) = deadline {
+            end = end.min(d);
+        }
+        loop {
+            if ch.has_delivery() {
+                self.spin_stats.caught += 1;
+                return Ok(Some(Wait::Ready));
+            }
+            if Instant::now() >= end {
+                break;
+            }
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
+        self.spin_stats.missed += 1;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(Some(Wait::TimedOut));
+        }
+        Ok(None)
+    }
+
+    /// After a wake-up that found no frame and no news on the socket: the producer rang
+    /// ahead of a frame ([`crate::server::Server::wake_early`]) and we woke before it
+    /// was published. Polls the ring for it for up to [`EARLY_WAKE_POLL`] (never past
+    /// `timeout`), once per frame taken: sleeping again would cost a second wake-up, tens of
+    /// µs on machines where the first took longer than the producer's way to the publish.
+    #[link_section = ".text.hot.gpushm"]
+    fn poll_after_early_wake(&mut self, timeout: Option<Duration>) {
+        if !self.early_poll || !self.woken_early_elsewhere() {
+            return;
+        }
+        let ch = &self.releaser.ch;
+        self.early_poll = false;
+        let end = Instant::now() + timeout.map_or(EARLY_WAKE_POLL, |t| t.min(EARLY_WAKE_POLL));
+        while !ch.has_delivery() && Instant::now() < end {
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
+        if ch.has_delivery() {
+            self.early_stats.caught += 1;
+        } else {
+            self.early_stats.missed += 1;
+        }
+    }
+
+    /// Whether the last sleep (in a subscriber's wait, not an event loop's) was ended by the
+    /// producer ringing ahead of a frame, from another CPU than ours, and nothing is there
+    /// yet: polling then costs the producer nothing. Woken on the producer's CPU (the
+    /// scheduler's choice for a socket's wake-up) we would keep it from publishing.
+    fn woken_early_elsewhere(&self) -> bool {
+        let ch = &self.releaser.ch;
+        let from = ch.early_wake_cpu();
+        from != 0
+            && !self.always_wake.load(Ordering::Relaxed)
+            && !self.socket_ready
+            && !ch.has_delivery()
+            && crate::ring::layout::this_cpu() != from
+    }
+
+    /// Sleeps on the descriptors until a frame may be ready, the socket has news, `wake`
+    /// fires or `timeout` ends.
+    #[link_section = ".text.hot.gpushm"]
+    fn wait_blocking(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
+        let always = self.always_wake.load(Ordering::Relaxed);
+        if !always {
+            // Cleared before asking, not after waking: the system call is then off the way
+            // of the next frame. A wake-up written from here on stays readable for poll.
+            self.ready.drain();
+        }
+        let ch = &self.releaser.ch;
+        // Ask for a wake-up, then look once more: a frame delivered before the producer saw
+        // the request came without one.
+        ch.set_waiting(if always {
+            crate::ring::layout::WAITS_POLLED
+        } else {
+            crate::ring::layout::WAITS_SLEEPING
+        });
+        if ch.has_delivery() {
+            if !always {
+                ch.set_waiting(0);
+            }
+            return Ok(Wait::Ready);
+        }
+        let w = WaitFds::of(self);
+        let r = w.wait(wake, timeout);
+        if !always {
+            self.releaser.ch.set_waiting(0);
+        }
+        let (r, socket_readable) = r?;
+        if socket_readable {
+            self.socket_ready = true;
+        }
+        if always && matches!(r, Wait::Ready) {
+            // The caller's own poll sees the descriptor: readable only while news may wait.
+            self.ready.drain();
+        }
+        Ok(r)
+    }
+
+    pub fn spin_stats(&self) -> SpinStats {
+        self.spin_stats
+    }
+
+    pub fn early_polls(&self) -> SpinStats {
+        self.early_stats
+    }
+
+    /// The frame-ready doorbell, for the caller's own poll: from now on the producer writes
+    /// it after every delivery.
+    pub fn ready_fd(&self) -> RawFd {
+        self.always_wake.store(true, Ordering::Relaxed);
+        self.releaser
+            .ch
+            .set_waiting(crate::ring::layout::WAITS_POLLED);
+        self.ready.as_raw_fd()
+    }
+}
