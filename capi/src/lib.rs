@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use gpushm_core::format::{FrameGeometry, FrameLayout, VideoFormat};
 use gpushm_core::publisher::{Config, Publisher, Slot};
-use gpushm_core::subscriber::{ConnectOptions, Delivery, Frame, Subscriber, Waker};
+use gpushm_core::subscriber::{ConnectOptions, Delivery, Frame, Link, Waker};
 use gpushm_core::Error;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::time::TimeSpec;
@@ -466,9 +466,8 @@ fn get<T>(table: &Mutex<Table<T>>, h: *const std::ffi::c_void, what: &str) -> Re
 // Subscribers.
 
 struct SubObj {
-    endpoint: Endpoint,
-    opts: ConnectOptions,
     reconnect: bool,
+    /// Interrupts a wait (its connection's too).
     waker: Waker,
     /// Destroyed: waits end, and no new one starts.
     closed: AtomicBool,
@@ -485,16 +484,14 @@ struct SubObj {
 const RETRY: Duration = Duration::from_millis(100);
 
 struct ConnState {
-    /// The connection (`None` after the producer went away, until it is reconnected).
-    sub: Option<Subscriber>,
+    /// The connection (none after the producer went away, until it is reconnected).
+    link: Link,
     /// The connection's descriptors in the epoll set (removed before it is dropped: a
     /// connection whose frames are still held keeps its socket open).
     watched: Vec<RawFd>,
     /// gpushm_subscriber_fd was called: watch every connection's descriptors. (Until then
     /// the producer is not asked to ring the frame doorbell for us.)
     watching: bool,
-    /// When the producer went away (reconnect on, no producer back yet).
-    gone_since: Option<Instant>,
     /// The last frames' caps and layout, and their [`Shape`] (see [`shape`]).
     shape: Option<(LayoutKey, Arc<Shape>)>,
 }
@@ -502,7 +499,7 @@ struct ConnState {
 impl SubObj {
     #[inline(always)]
     fn watch(&self, st: &mut ConnState) -> Result<(), Fail> {
-        if st.sub.is_none() || !st.watching || !st.watched.is_empty() {
+        if st.link.current().is_none() || !st.watching || !st.watched.is_empty() {
             return Ok(());
         }
         self.add_watches(st)
@@ -512,7 +509,7 @@ impl SubObj {
     #[cold]
     #[inline(never)]
     fn add_watches(&self, st: &mut ConnState) -> Result<(), Fail> {
-        let Some(sub) = st.sub.as_ref() else {
+        let Some(sub) = st.link.current() else {
             return Ok(());
         };
         for fd in sub.poll_fds() {
@@ -534,8 +531,7 @@ impl SubObj {
             // SAFETY: still open: the subscriber holding it is dropped below.
             let _ = self.epoll.delete(unsafe { BorrowedFd::borrow_raw(fd) });
         }
-        st.sub = None;
-        st.gone_since = Some(Instant::now());
+        st.link.lost(None);
         let _ = self.retry.set(
             Expiration::Interval(TimeSpec::from_duration(RETRY)),
             TimerSetTimeFlags::empty(),
@@ -547,11 +543,10 @@ impl SubObj {
     #[inline(never)]
     fn reconnect(&self, st: &mut ConnState, deadline: Option<Instant>) -> Result<(), Fail> {
         let _ = self.retry.wait();
+        let limit = st.link.options().timeout;
         let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-        let mut o = self.opts.clone();
-        o.timeout = left.map_or(self.opts.timeout, |l| l.min(self.opts.timeout));
-        let c = match Subscriber::connect_to(&self.endpoint, &o, &self.waker) {
-            Ok(c) => c,
+        match st.link.connect(Some(left.map_or(limit, |l| l.min(limit)))) {
+            Ok(()) => {}
             Err(Error::Interrupted) => {
                 // connect does not take the wake-up back: the next wait must block.
                 self.waker.clear();
@@ -559,9 +554,7 @@ impl SubObj {
             }
             Err(Error::Timeout(_))
                 if deadline.is_some_and(|d| Instant::now() >= d)
-                    && st
-                        .gone_since
-                        .is_some_and(|g| g.elapsed() < self.opts.timeout) =>
+                    && st.link.gone_since().is_some_and(|g| g.elapsed() < limit) =>
             {
                 return Err(Fail(
                     GPUSHM_TIMEOUT,
@@ -573,15 +566,13 @@ impl SubObj {
                     GPUSHM_ERROR_DISCONNECTED,
                     format!(
                         "the producer went away and none came back within connect_timeout_ns at {}",
-                        self.endpoint
+                        st.link.endpoint()
                     ),
                 ))
             }
             Err(e) => return Err(e.into()),
-        };
+        }
         let _ = self.retry.unset();
-        st.sub = Some(c);
-        st.gone_since = None;
         Ok(())
     }
 
@@ -708,7 +699,8 @@ unsafe fn open_subscriber(
             }
         }
         let waker = Waker::new()?;
-        let sub = Subscriber::connect_to(&endpoint, &o, &waker)?;
+        let mut link = Link::new(endpoint, o, waker.clone());
+        link.connect(None)?;
         let sys = |what: &str, e: nix::Error| Fail(GPUSHM_ERROR_SYSTEM, format!("{what}: {e}"));
         let epoll =
             Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(|e| sys("epoll_create", e))?;
@@ -724,16 +716,13 @@ unsafe fn open_subscriber(
             )
             .map_err(|e| sys("epoll_ctl", e))?;
         let obj = SubObj {
-            endpoint,
-            opts: o,
             reconnect,
             waker,
             closed: AtomicBool::new(false),
             conn: Mutex::new(ConnState {
-                sub: Some(sub),
+                link,
                 watched: Vec::new(),
                 watching: false,
-                gone_since: None,
                 shape: None,
             }),
             epoll,
@@ -810,11 +799,13 @@ unsafe fn next_frame(
         };
         loop {
             s.closed()?;
-            if st.sub.is_none() {
+            if st.link.current().is_none() {
                 s.reconnect(&mut st, deadline)?;
             }
             s.watch(&mut st)?;
-            let c = st.sub.as_mut().expect("connected above");
+            let Some(c) = st.link.current_mut() else {
+                return Err(Fail(GPUSHM_ERROR_DISCONNECTED, "not connected".into()));
+            };
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match c.next_frame(left) {
                 Ok(Some(f)) => {
@@ -905,8 +896,8 @@ pub unsafe extern "C" fn gpushm_subscriber_spin_stats(
         let missed = out_ptr(missed, "missed")?;
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
         let st = lock(&s.conn)
-            .sub
-            .as_ref()
+            .link
+            .current()
             .map(|c| c.spin_stats())
             .unwrap_or_default();
         // SAFETY: both checked non-NULL.
@@ -941,8 +932,8 @@ pub unsafe extern "C" fn gpushm_subscriber_caps(
     guard(|| {
         let s = get(&SUBSCRIBERS, sub as _, "subscriber")?;
         let caps = lock(&s.conn)
-            .sub
-            .as_ref()
+            .link
+            .current()
             .and_then(|c| c.caps())
             .map(|c| c.to_string())
             .unwrap_or_default();

@@ -43,6 +43,7 @@
 //! - `lease`: giving a held frame's slot back ([`SlotLease`]).
 //! - `frame`: a frame taken from the ring ([`Frame`]).
 //! - `query`: asking a producer for its figures without becoming its client.
+//! - `reconnect`: following a producer that goes away and comes back ([`Link`]).
 
 mod connect;
 mod connection;
@@ -50,6 +51,7 @@ mod frame;
 mod lease;
 mod options;
 mod query;
+mod reconnect;
 mod wait;
 
 use std::os::fd::{AsFd, RawFd};
@@ -68,6 +70,7 @@ pub use self::frame::Frame;
 pub use self::lease::SlotLease;
 pub use self::options::ConnectOptions;
 pub use self::query::{query, Queried};
+pub use self::reconnect::Link;
 pub use self::wait::{SpinStats, Wait};
 pub use crate::policy::Delivery;
 

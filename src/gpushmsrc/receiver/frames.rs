@@ -298,7 +298,7 @@ impl Worker {
             }
         }
         let m = frame.meta;
-        let lossless = self.cfg.opts.delivery().lossless_for(m.live, &frame.caps);
+        let lossless = self.link.options().delivery().lossless_for(m.live, &frame.caps);
         if stream.video.is_none() {
             let dropped = conn.dropped();
             if self.shared.regate.swap(false, Ordering::Relaxed) || dropped != self.dropped_seen {
@@ -451,7 +451,7 @@ impl Worker {
             Some(Some(mem))
         } else {
             slot = Some((frame.lease.ring().clone(), frame.ptr as usize));
-            if self.cfg.opts.writable_ring
+            if self.link.options().writable_ring
                 && !frame.lease.ring().is_writable()
                 && !std::mem::replace(&mut self.writable_refusal_warned, true)
             {

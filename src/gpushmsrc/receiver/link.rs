@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The receiver's connection to its producer: connecting, reconnecting, reading the ring one
-//! step at a time, and noticing the producer is gone.
+//! The receiver's connection to its producer: reading the ring one step at a time, and what a
+//! lost producer means for the element (a warning, a discontinuity, an error without
+//! reconnect). Connecting and reconnecting themselves are the core's
+//! [`gpushm::subscriber::Link`].
 
 use super::*;
 
@@ -11,7 +13,7 @@ impl Worker {
         if self.done {
             return Step::Done;
         }
-        let mut conn = match self.conn.take() {
+        let mut conn = match self.link.take() {
             Some(c) => c,
             None => match self.open() {
                 Ok(c) => c,
@@ -23,17 +25,13 @@ impl Worker {
         self.make_ahead();
         let step = match conn.next_frame_warming(None, &mut || self.warm_up()) {
             Ok(Some(frame)) => {
+                let (dropped, spin) = self.link.counts_with(&conn);
                 self.shared
                     .producer_dropped
-                    .store(self.dropped_base + conn.dropped(), Ordering::Relaxed);
-                if !self.cfg.opts.spin.is_zero() {
-                    let s = conn.spin_stats();
-                    self.shared
-                        .spin_caught
-                        .store(self.spin_base.caught + s.caught, Ordering::Relaxed);
-                    self.shared
-                        .spin_missed
-                        .store(self.spin_base.missed + s.missed, Ordering::Relaxed);
+                    .store(dropped, Ordering::Relaxed);
+                if !self.link.options().spin.is_zero() {
+                    self.shared.spin_caught.store(spin.caught, Ordering::Relaxed);
+                    self.shared.spin_missed.store(spin.missed, Ordering::Relaxed);
                 }
                 if let Some(c) = conn.caps() {
                     // Our copy first: the shared one's lock only when the caps changed.
@@ -63,9 +61,10 @@ impl Worker {
                 Step::Item(Item::Eos)
             }
             Err(Error::Interrupted) => {
-                if self.shared.want_writable.load(Ordering::Acquire) && !self.cfg.opts.writable_ring
+                if self.shared.want_writable.load(Ordering::Acquire)
+                    && !self.link.options().writable_ring
                 {
-                    self.cfg.opts.writable_ring = true;
+                    self.link.options_mut().writable_ring = true;
                     self.lost(
                         conn,
                         "Downstream reads frames with CUDA and this GPU cannot register read-only memory: reconnecting to ask the producer for a writable ring (frames published meanwhile are missed)",
@@ -93,7 +92,7 @@ impl Worker {
                 return Step::Interrupted;
             }
         };
-        self.conn = Some(conn);
+        self.link.restore(conn);
         step
     }
 
@@ -107,11 +106,7 @@ impl Worker {
         self.ahead = None;
         self.next_slot.clear();
         self.prev_slot = None;
-        self.dropped_base += conn.dropped();
-        let s = conn.spin_stats();
-        self.spin_base.caught += s.caught;
-        self.spin_base.missed += s.missed;
-        drop(conn);
+        self.link.lost(Some(conn));
         if let Some(el) = self.element.upgrade() {
             gst::element_warning!(
                 el,
@@ -119,7 +114,7 @@ impl Worker {
                 (
                     "{}; waiting for a producer on {} (reconnect=true)",
                     why,
-                    self.cfg.endpoint
+                    self.link.endpoint()
                 )
             );
         }
@@ -131,35 +126,34 @@ impl Worker {
     #[allow(clippy::result_large_err)]
     pub(super) fn open(&mut self) -> Result<Box<Subscriber>, Step> {
         if self.shared.want_writable.load(Ordering::Acquire) {
-            self.cfg.opts.writable_ring = true;
+            self.link.options_mut().writable_ring = true;
         }
-        let mut opts = self.cfg.opts.clone();
-        if self.connected_once {
-            opts.timeout = Duration::MAX;
-        }
-        match Subscriber::connect_to(&self.cfg.endpoint, &opts, &self.stop) {
-            Ok(conn) => {
+        let again = self.link.connections() > 0;
+        match self.link.connect(None) {
+            Ok(()) => {
+                let Some(conn) = self.link.take() else {
+                    return Err(Step::Interrupted);
+                };
                 gst::info!(
                     CAT,
                     "{} {} as client {}",
-                    if self.connected_once {
+                    if again {
                         "reconnected to"
                     } else {
                         "connected to"
                     },
-                    self.cfg.endpoint,
+                    self.link.endpoint(),
                     conn.client_id()
                 );
-                if self.connected_once {
+                if again {
                     self.serial += 1;
                     self.discont = true;
                     self.dropped_seen = 0;
                 }
                 self.need_keyframe = true;
                 self.fresh = true;
-                self.connected_once = true;
                 self.shared.connected.store(true, Ordering::Release);
-                Ok(Box::new(conn))
+                Ok(conn)
             }
             Err(Error::Interrupted) => {
                 self.stop.clear();
@@ -167,14 +161,14 @@ impl Worker {
             }
             Err(e) => {
                 self.done = true;
-                Err(Step::Item(Item::Error(if self.connected_once {
+                Err(Step::Item(Item::Error(if again {
                     gst::error_msg!(gst::ResourceError::OpenRead, ("Reconnecting failed: {}", e))
                 } else {
                     gst::error_msg!(
                         gst::ResourceError::OpenRead,
                         (
                             "Could not connect to a gpushmsink at {}: {}",
-                            self.cfg.endpoint,
+                            self.link.endpoint(),
                             e
                         )
                     )

@@ -39,7 +39,7 @@ use crate::memory::{wrap_slot_memory, wrap_slot_memory_keeping};
 use gpushm::ring::consumer_end::ConsumerRing;
 use gpushm::ring::layout::{MAX_PLANES, NONE_U64};
 use gpushm::ring::producer_end::FrameMeta;
-use gpushm::subscriber::{ConnectOptions, Frame, Subscriber, Waker};
+use gpushm::subscriber::{ConnectOptions, Frame, Link, Subscriber, Waker};
 use gpushm::Error;
 
 /// How long a lossless consumer of a producer that is not live waits for downstream to hand
@@ -616,11 +616,9 @@ impl Receiver {
         let stop = Waker::new()?;
         let worker = Worker {
             element: element.downgrade(),
-            cfg,
             shared: shared.clone(),
+            link: Link::new(cfg.endpoint.clone(), cfg.opts.clone(), stop.clone()),
             stop: stop.clone(),
-            conn: None,
-            connected_once: false,
             done: false,
             serial: 0,
             info: None,
@@ -629,8 +627,6 @@ impl Receiver {
             fresh: true,
             discont: true,
             dropped_seen: 0,
-            dropped_base: 0,
-            spin_base: Default::default(),
             copy_warned: false,
             gave_up_waiting: false,
             writable_refusal_warned: false,
@@ -639,6 +635,7 @@ impl Receiver {
             next_slot: Vec::new(),
             prev_slot: None,
             caps_seen: None,
+            cfg,
         };
         let watch = TimerFd::new(
             ClockId::CLOCK_MONOTONIC,
@@ -694,10 +691,8 @@ struct Worker {
     cfg: Config,
     shared: Arc<Shared>,
     stop: Waker,
-    /// Boxed: each step takes it out and puts it back, a pointer instead of the whole
-    /// subscriber moved twice a frame.
-    conn: Option<Box<Subscriber>>,
-    connected_once: bool,
+    /// The connection to the producer, made again when it goes away (reconnect=true).
+    link: Link,
     /// EOS or a fatal error was handed out: nothing more is read.
     done: bool,
     serial: u64,
@@ -713,9 +708,6 @@ struct Worker {
     fresh: bool,
     discont: bool,
     dropped_seen: u64,
-    dropped_base: u64,
-    /// The low-latency mode's figures of earlier connections.
-    spin_base: gpushm::subscriber::SpinStats,
     copy_warned: bool,
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,
