@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MPL-2.0 */
 /*
- * gpushm.h: the C API of gpushm (libgpushm.so). Generated from capi/src/lib.rs by cbindgen
+ * gpushm.h: the C API of gpushm (libgpushm.so). Generated from capi/src/ by cbindgen
  * (make capi-header): do not edit.
  *
  * Thread safety: every function may be called from any thread. Calls on one subscriber take

@@ -178,6 +178,9 @@ kill -9 "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 rm -f "$sock"
 c_producer "$sock" 3 hold
 out=$(cat <&"${R[0]}"); echo "$out"
+# Reaped before the next coproc starts: bash keeps one coproc's variables, and reaping R late
+# would unset K's.
+wait "$R_PID" 2>/dev/null || true
 echo "$out" | grep -q "^OK reconnect" || fail "reconnect"
 
 # 4. The producer killed (-9) while a frame is held.
