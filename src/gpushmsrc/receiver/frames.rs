@@ -298,7 +298,11 @@ impl Worker {
             }
         }
         let m = frame.meta;
-        let lossless = self.link.options().delivery().lossless_for(m.live, &frame.caps);
+        let lossless = self
+            .link
+            .options()
+            .delivery()
+            .lossless_for(m.live, &frame.caps);
         if stream.video.is_none() {
             let dropped = conn.dropped();
             if self.shared.regate.swap(false, Ordering::Relaxed) || dropped != self.dropped_seen {

@@ -30,8 +30,12 @@ impl Worker {
                     .producer_dropped
                     .store(dropped, Ordering::Relaxed);
                 if !self.link.options().spin.is_zero() {
-                    self.shared.spin_caught.store(spin.caught, Ordering::Relaxed);
-                    self.shared.spin_missed.store(spin.missed, Ordering::Relaxed);
+                    self.shared
+                        .spin_caught
+                        .store(spin.caught, Ordering::Relaxed);
+                    self.shared
+                        .spin_missed
+                        .store(spin.missed, Ordering::Relaxed);
                 }
                 if let Some(c) = conn.caps() {
                     // Our copy first: the shared one's lock only when the caps changed.
