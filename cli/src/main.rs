@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use gpushm::inspect::{self as schema, Fields};
 use gpushm::names::{self, Endpoint};
 use gpushm::ring::layout::{latency_percentile, LATENCY_BUCKETS};
 use gpushm::subscriber::{query, Queried};
@@ -101,14 +102,7 @@ impl Probe {
     }
 
     fn state(&self) -> &'static str {
-        match &self.answer {
-            Ok(_) => "live",
-            Err(gpushm::Error::Os {
-                errno: nix::errno::Errno::ECONNREFUSED,
-                ..
-            }) => "stale",
-            Err(_) => "error",
-        }
+        schema::state(&self.answer)
     }
 }
 
@@ -203,8 +197,9 @@ fn bytes(n: u64) -> String {
     }
 }
 
+/// Nanoseconds as microseconds, as the schema shows them.
 fn us(ns: Option<u64>) -> Value {
-    ns.map_or(Value::Null, |n| json!(n as f64 / 1000.0))
+    value(ns.into())
 }
 
 fn us_text(ns: Option<u64>) -> String {
@@ -222,62 +217,33 @@ fn open_clients(r: &StreamReport) -> usize {
     r.clients.iter().filter(|c| !c.closed).count()
 }
 
-fn client_json(c: &ClientReport) -> Value {
-    json!({
-        "id": c.id,
-        "pid": c.pid,
-        "uid": c.uid,
-        "name": c.name,
-        "mode": c.mode,
-        "lossless": c.lossless,
-        "lagging": c.lagging,
-        "closed": c.closed,
-        "sent": c.sent,
-        "delivered": c.taken,
-        "dropped": c.dropped,
-        "skipped": c.skipped,
-        "copied": c.copied,
-        "times_lagged": c.times_lagged,
-        "held": c.held,
-        "connected_s": c.connected_ns as f64 / 1e9,
-        "latency_p50_us": us(c.latency_p50_ns()),
-        "latency_p99_us": us(c.latency_p99_ns()),
-    })
+/// The core's fields ([`gpushm::inspect`], one schema for this command and Python) as JSON.
+fn to_json(fields: Fields) -> Value {
+    Value::Object(
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), value(v)))
+            .collect(),
+    )
 }
 
-fn stream_json(p: &Probe) -> Value {
-    let mut v = json!({
-        "name": p.name,
-        "path": p.path,
-        "state": p.state(),
-    });
-    let o = v.as_object_mut().expect("object");
-    match &p.answer {
-        Ok(q) => {
-            let r = &q.report;
-            o.insert("caps".into(), json!(r.caps));
-            o.insert("clients".into(), json!(open_clients(r)));
-            o.insert("fps".into(), json!(r.fps));
-            o.insert("slots".into(), json!(r.slot_count));
-            o.insert("slot_size".into(), json!(r.slot_size));
-            o.insert("ring_size".into(), json!(r.ring_size));
-            o.insert("device_ring".into(), json!(r.device_ring));
-            o.insert("eos".into(), json!(r.eos));
-            o.insert("frames_sent".into(), json!(r.frames_sent));
-            o.insert("frames_dropped".into(), json!(r.frames_dropped));
-            o.insert("frames_copied".into(), json!(r.frames_copied));
-            o.insert("uptime_s".into(), json!(r.uptime_ns as f64 / 1e9));
-            o.insert("producer_pid".into(), json!(q.producer_pid));
-            o.insert("producer_uid".into(), json!(q.producer_uid));
-            o.insert("max_clients".into(), json!(r.max_clients));
-        }
-        Err(e) => {
-            o.insert("error".into(), json!(e.to_string()));
-            o.insert("clients".into(), json!(0));
-            o.insert("caps".into(), Value::Null);
-        }
+fn value(v: schema::Value) -> Value {
+    match v {
+        schema::Value::Null => Value::Null,
+        schema::Value::Bool(b) => json!(b),
+        schema::Value::Int(i) => json!(i),
+        schema::Value::Float(f) => json!(f),
+        schema::Value::Text(t) => json!(t),
+        schema::Value::List(list) => Value::Array(list.into_iter().map(to_json).collect()),
     }
-    v
+}
+
+fn client_json(c: &ClientReport) -> Value {
+    to_json(schema::client(c))
+}
+
+fn stream_json(p: &Probe, clients: bool) -> Value {
+    to_json(schema::stream(&p.name, &p.path, &p.answer, clients))
 }
 
 fn list(json_out: bool, paths: &[PathBuf]) -> Result<(), String> {
@@ -286,7 +252,7 @@ fn list(json_out: bool, paths: &[PathBuf]) -> Result<(), String> {
         .map(|(n, ep)| Probe::of(n, &ep))
         .collect();
     if json_out {
-        let v: Vec<Value> = probes.iter().map(stream_json).collect();
+        let v: Vec<Value> = probes.iter().map(|p| stream_json(p, false)).collect();
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return Ok(());
     }
@@ -341,13 +307,7 @@ fn inspect(json_out: bool, stream: &str) -> Result<(), String> {
     let ep = endpoint(stream)?;
     let p = Probe::of(stream.to_string(), &ep);
     if json_out {
-        let mut v = stream_json(&p);
-        if let Ok(q) = &p.answer {
-            v.as_object_mut().expect("object").insert(
-                "client_list".into(),
-                Value::Array(q.report.clients.iter().map(client_json).collect()),
-            );
-        }
+        let v = stream_json(&p, true);
         println!("{}", serde_json::to_string_pretty(&v).expect("json"));
         return match &p.answer {
             Ok(_) => Ok(()),
@@ -473,7 +433,7 @@ fn window(now: &[u32], before: Option<&[u32]>) -> Vec<u32> {
 }
 
 fn top_row(p: &Probe, prev: Option<&StreamReport>) -> Value {
-    let mut v = stream_json(p);
+    let mut v = stream_json(p, false);
     let Ok(q) = &p.answer else { return v };
     let r = &q.report;
     // The same producer (its uptime went on): the time between two reports by its own clock.

@@ -11,6 +11,7 @@
 //! - [`publisher`]: the producer for apps ([`publisher::Publisher`]), over a server.
 //! - [`subscriber`]: the consumer ([`subscriber::Subscriber`]): connect, wait, frames, leases.
 //! - [`names`]: stream names instead of socket paths.
+//! - [`inspect`]: what tools show of a stream (one schema for the `gpushm` command and Python).
 //! - [`format`](mod@format): raw video formats, plane geometry and caps strings, for apps.
 //! - [`time`]: the one mapping of a producer's timestamps into a consumer's running time.
 //! - [`cpu_latency`]: keeping the CPUs out of deep idle states for a low-latency stream.
@@ -24,6 +25,7 @@ pub mod cpu_latency;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod format;
+pub mod inspect;
 pub mod names;
 pub mod policy;
 pub mod publisher;
