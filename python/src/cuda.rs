@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use gpushm::cuda::register::{device_ptr_in, register_mapping, HostRegistration, NotRegistered};
 
-use crate::frame::FrameData;
+use crate::held::FrameData;
 
 /// Registering and attaching happen under one lock: two threads never register one range.
 static REGISTER: Mutex<()> = Mutex::new(());

@@ -7,46 +7,14 @@ use std::sync::{Arc, Mutex};
 use gpushm::format::{FrameGeometry, Plane};
 use gpushm::ring::frame::FrameMeta;
 use gpushm::ring::layout::NONE_U64;
-use gpushm::subscriber::SlotLease;
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::dlpack;
-use crate::errors::{Error, FrameRevoked};
+use crate::errors::Error;
+use crate::held::{FrameData, LeaseHolder};
 use crate::view::{asarray, Elem, Source, View};
-
-/// A frame's lease, held by the frame and by every view of it: the slot goes back to the
-/// producer when the last of them is gone.
-pub struct FrameData {
-    pub meta: FrameMeta,
-    /// Address of the first byte (inside the lease's mapping).
-    pub ptr: usize,
-    pub lease: LeaseHolder,
-    pub cuda_device: i32,
-    /// The bytes are in GPU memory (a device ring): no host view, DLPack/CUDA views only.
-    pub on_device: bool,
-}
-
-pub struct LeaseHolder(pub SlotLease);
-
-// SAFETY: the lease is only read (its ring, for CUDA registration, which the ring guards with
-// its own once-cell; its validity) and dropped; SlotLease's drop may run on any thread.
-unsafe impl Sync for LeaseHolder {}
-// SAFETY: as above; the raw frame pointer lives in FrameData as an address.
-unsafe impl Send for LeaseHolder {}
-
-impl FrameData {
-    /// An error once the producer cut the subscriber and took the frame back.
-    pub fn check(&self) -> PyResult<()> {
-        match self.lease.0.revoked() {
-            None => Ok(()),
-            Some(why) => Err(FrameRevoked::new_err(format!(
-                "this frame is no longer ours: the producer cut the subscriber ({why}); its memory may hold another frame now, and views made before may show it"
-            ))),
-        }
-    }
-}
 
 /// Shape, strides (bytes), byte offset and elements of one plane: rows × components of a row,
 /// as whole elements when the plane's components are whole bytes and aligned, else as bytes.
@@ -80,7 +48,7 @@ fn plane_view(p: &Plane) -> (Vec<usize>, Vec<isize>, u64, Elem) {
 /// made are gone too. A released frame's views never see a reused slot. The one exception is a
 /// subscriber the producer cuts (it held more than its share of the ring for too long):
 /// `valid` turns false, making views raises `FrameRevoked`, and views made before may show
-/// newer frames. The rule, once for every binding: the gpushm crate's `client` module docs,
+/// newer frames. The rule, once for every binding: the gpushm crate's `subscriber` module docs,
 /// "Held frames".
 #[pyclass(module = "gpushm", name = "Frame", frozen)]
 pub struct Frame {

@@ -18,6 +18,7 @@ mod cuda;
 mod dlpack;
 mod errors;
 mod frame;
+mod held;
 mod publisher;
 mod streams;
 mod subscriber;

@@ -12,13 +12,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use crate::errors::{secs, to_py, Error};
+use crate::held::WritableSlot;
 use crate::view::{asarray, Elem, Source, View};
-
-/// A slot lent to a Python publisher, to fill in place.
-pub struct WritableSlot {
-    lease: Mutex<Option<CoreSlot>>,
-    pub ptr: usize,
-}
 
 /// Publishes frames to any number of gpushmsrc / Subscriber consumers at `path`, or as
 /// stream name `stream` (consumers then give the same name; the socket is made in

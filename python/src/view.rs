@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MPL-2.0
 //! `FrameView`: (part of) a frame or of a publisher's slot, for array libraries. NumPy reads
 //! it through `__array_interface__`, CuPy and PyTorch through `__cuda_array_interface__` and
-//! DLPack; each view keeps the frame's slot (see "Held frames" in the gpushm crate's `client`
+//! DLPack; each view keeps the frame's slot (see "Held frames" in the gpushm crate's `subscriber`
 //! module) until it is garbage-collected.
 
 use std::sync::Arc;
@@ -12,8 +12,7 @@ use pyo3::types::{PyDict, PyTuple};
 
 use crate::dlpack;
 use crate::errors::Error;
-use crate::frame::FrameData;
-use crate::publisher::WritableSlot;
+use crate::held::{FrameData, WritableSlot};
 
 /// What a view keeps alive.
 pub enum Source {
