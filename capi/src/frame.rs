@@ -2,6 +2,7 @@
 //! Frames: `gpushm_frame_*`, each holding its slot until released.
 
 use super::*;
+use gpushm_core::ring::frame::LayoutKey;
 
 pub(crate) struct FrameObj {
     /// The frame (its lease keeps the slot and the ring's mapping), until released.
@@ -25,45 +26,23 @@ pub(crate) struct Shape {
     pub(crate) template: InfoCell,
 }
 
-/// What decides a frame's [`Shape`]: its caps and the layout fields of its descriptor.
-pub(crate) struct LayoutKey {
+/// What decides a frame's [`Shape`]: its caps and the layout of its bytes.
+pub(crate) struct ShapeKey {
     pub(crate) caps: Arc<str>,
-    pub(crate) fields: [u64; 4 + 4 * 4],
+    pub(crate) layout: LayoutKey,
 }
 
 /// The [`Shape`] of `f`: `last`'s when the caps and layout are the last frame's (the
 /// subscriber's own cache, under the lock its frames are taken with).
 #[inline(always)]
-pub(crate) fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Arc<Shape> {
-    let m = &f.meta;
-    let mut fields = [0u64; 20];
-    fields[..4].copy_from_slice(&[
-        m.video_format as u64,
-        m.width as u64,
-        m.height as u64,
-        m.n_planes as u64,
-    ]);
-    for p in 0..4 {
-        fields[4 + p * 4..8 + p * 4].copy_from_slice(&[
-            m.plane_offset[p],
-            m.plane_stride[p] as u64,
-            m.plane_rows[p] as u64,
-            m.plane_row_bytes[p] as u64,
-        ]);
-    }
+pub(crate) fn shape(f: &Frame, last: &mut Option<(ShapeKey, Arc<Shape>)>) -> Arc<Shape> {
+    let layout = LayoutKey::of(&f.meta);
     if let Some((k, s)) = last.as_ref() {
-        // Compared in line: `==` on the arrays calls libc's memcmp, a page of code the
-        // frame's way touches for nothing else.
-        let differ = k
-            .fields
-            .iter()
-            .zip(&fields)
-            .fold(0, |d, (a, b)| d | (a ^ b));
-        if differ == 0 && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
+        if k.layout == layout && (Arc::ptr_eq(&k.caps, &f.caps) || k.caps == f.caps) {
             return s.clone();
         }
     }
-    new_shape(f, fields, last)
+    new_shape(f, layout, last)
 }
 
 /// Makes the [`Shape`] of `f` (new caps or layout), keeps it in `last`.
@@ -71,8 +50,8 @@ pub(crate) fn shape(f: &Frame, last: &mut Option<(LayoutKey, Arc<Shape>)>) -> Ar
 #[inline(never)]
 pub(crate) fn new_shape(
     f: &Frame,
-    fields: [u64; 20],
-    last: &mut Option<(LayoutKey, Arc<Shape>)>,
+    layout: LayoutKey,
+    last: &mut Option<(ShapeKey, Arc<Shape>)>,
 ) -> Arc<Shape> {
     let m = &f.meta;
     let mut template = empty_info();
@@ -90,9 +69,9 @@ pub(crate) fn new_shape(
         caps: CString::new(f.caps.replace('\0', " ")).unwrap_or_default(),
         template: InfoCell(template),
     });
-    let key = LayoutKey {
+    let key = ShapeKey {
         caps: f.caps.clone(),
-        fields,
+        layout,
     };
     *last = Some((key, s.clone()));
     s

@@ -31,7 +31,7 @@ pub(crate) struct ConnState {
     /// the producer is not asked to ring the frame doorbell for us.)
     pub(crate) watching: bool,
     /// The last frames' caps and layout, and their [`Shape`] (see [`shape`]).
-    pub(crate) shape: Option<(LayoutKey, Arc<Shape>)>,
+    pub(crate) shape: Option<(ShapeKey, Arc<Shape>)>,
 }
 
 impl SubObj {

@@ -172,6 +172,7 @@ grep -q "^OK race" "$work/out.log" || fail "race"
 sock=$work/again.sock; rm -f "$sock"
 c_producer "$sock" 3 hold
 coproc R { "$work/capi_test" reconnect "$sock"; }
+rpid=$R_PID
 read -r line <&"${R[0]}" || true
 [ "$line" = GOT3 ] || fail "reconnect: $line"
 kill -9 "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
@@ -180,7 +181,7 @@ c_producer "$sock" 3 hold
 out=$(cat <&"${R[0]}"); echo "$out"
 # Reaped before the next coproc starts: bash keeps one coproc's variables, and reaping R late
 # would unset K's.
-wait "$R_PID" 2>/dev/null || true
+wait "$rpid" 2>/dev/null || true
 echo "$out" | grep -q "^OK reconnect" || fail "reconnect"
 
 # 4. The producer killed (-9) while a frame is held.

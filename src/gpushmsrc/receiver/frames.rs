@@ -727,26 +727,6 @@ fn publish_caps() -> gst::Caps {
     CAPS.clone()
 }
 
-/// What check_layout() looked at in a frame's meta, besides the caps.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) struct LayoutKey {
-    format_size: (u32, u32, u32, u32),
-    offsets: [u64; MAX_PLANES],
-    strides: [u32; MAX_PLANES],
-    payload_size: u64,
-}
-
-impl LayoutKey {
-    fn of(m: &FrameMeta) -> Self {
-        Self {
-            format_size: (m.video_format, m.width, m.height, m.n_planes),
-            offsets: m.plane_offset,
-            strides: m.plane_stride,
-            payload_size: m.payload_size,
-        }
-    }
-}
-
 /// The VideoMeta flags that match a buffer's video flags.
 fn frame_flags(buffer_flags: u32) -> gst_video::VideoFrameFlags {
     let b = gst_video::VideoBufferFlags::from_bits_truncate(buffer_flags);

@@ -734,4 +734,5 @@ mod frames;
 mod link;
 mod queue;
 
-use frames::{Ahead, LayoutKey, SpareMemory};
+use frames::{Ahead, SpareMemory};
+use gpushm::ring::frame::LayoutKey;
