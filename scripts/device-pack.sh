@@ -10,6 +10,12 @@ out=${1:-.device}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 ../shared/tools/device-pack "$out"
+# The benchmark program (tools/bench, a workspace member the shared tool's `cargo build
+# --examples` leaves out) into examples/, which is on the GPU machine's PATH: `bench ...` there.
+# Stripped, for the 64 MiB a run may carry.
+cargo build --release --locked -p gpushm-bench
+cp "${CARGO_TARGET_DIR:-$here/target}/release/bench" "$out/examples/bench"
+strip "$out/examples/bench"
 # What the GPU machine does not run, left out to stay under the 64 MiB a run may carry (tree
 # included): the network re-export tests and their RTSP server (no SRT, RTSP or libav there),
 # and tests with nothing GPU- or machine-specific in them, which CI runs: the gpushm command's,

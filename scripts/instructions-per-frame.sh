@@ -7,8 +7,8 @@
 # is of one regime: counting the producer, the consumer always waits for it (a wake-up each
 # frame); counting the consumer, the producer is always ahead.
 #
-#   cargo build --release --example bench
-#   scripts/instructions-per-frame.sh target/release/examples/bench [W H FORMAT]
+#   cargo build --release -p gpushm-bench
+#   scripts/instructions-per-frame.sh target/release/bench [W H FORMAT]
 #
 # WHICH="prod" runs only the producer's, and so on (none, prod, cons). Needs valgrind.
 set -euo pipefail

@@ -8,8 +8,9 @@
 //!   bench's producer stamps bytes 0..8 before the sink pad).
 //! - gpushmsrc puts its times into each buffer it pushes (see [`add_all`]).
 //!
-//! `cargo build --release --features stages --example bench`, then `bench latency` prints a
-//! `STAGES` line per run: each stage's p50/p90 in µs.
+//! `cargo build --release -p gpushm-bench --features stages` (the bench's `stages` feature turns
+//! this one on), then `target/release/bench latency` prints a `STAGES` line per run: each
+//! stage's p50/p90 in µs.
 
 use std::cell::Cell;
 
