@@ -17,3 +17,6 @@ pub mod frame;
 pub mod layout;
 pub mod producer_end;
 pub mod shm;
+
+#[cfg(test)]
+mod tests;
