@@ -159,7 +159,7 @@ impl Doorbell {
     }
 
     /// Reads the wake-ups waiting: one receive, unless more were waiting than it holds
-    /// (at most [`DRAIN_MAX`]). Never blocks.
+    /// (at most `DRAIN_MAX`). Never blocks.
     pub fn drain(&self) {
         use nix::sys::socket::{recv, MsgFlags};
         let mut buf = [0u8; 256];

@@ -25,7 +25,7 @@
 //! | 7 Close   | src → sink | – | – |
 //! | 8 DeviceMemory | sink → src | ring_gen u32, gpu_uuid 16 bytes, size u64 | the GPU allocation holding the pixels of ring `ring_gen` (a CUDA virtual-memory POSIX descriptor, see [`crate::cuda::vmm`]) |
 //! | 9 Query   | tool → sink | flags u32 (0) | – |
-//! | 10 Report | sink → tool | a [`StreamReport`] (see [`StreamReport::encode`]) | – |
+//! | 10 Report | sink → tool | a [`StreamReport`] (encoded in `report.rs`) | – |
 //!
 //! Query is sent instead of Hello by a tool that only reads figures (`gpushm list`, `top`,
 //! `inspect`): the producer answers one Report and closes the connection. The tool gets no
