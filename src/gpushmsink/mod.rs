@@ -2,8 +2,26 @@
 use gst::glib;
 use gst::prelude::*;
 
+/// What a stream is from its caps, the caps accepted, the ring's caps and slot size.
+mod caps;
+/// Copies of buffers into ring slots (system and CUDA memory), and to a device ring's GPU.
+mod copy;
+/// The direct chain around GstBaseSink's chain function, its clipping and positions.
+mod direct;
+/// The element glue: Settings, State, GObject, GstElement and GstBaseSink methods.
 mod imp;
+/// The FrameMeta of a buffer: times on CLOCK_MONOTONIC, planes, time code.
+mod metas;
+/// The buffer pool over the ring's slots, and the server type.
 pub mod pool;
+/// Property defaults, specs (gst-inspect's docs) and their setters and getters.
+mod properties;
+/// What render() does with a buffer: publish its slot, or a copy.
+mod publish;
+/// The ring of the current caps, made again on a caps change or a buffer too large.
+mod ring;
+/// The `stats` property's structure.
+mod stats;
 
 glib::wrapper! {
     pub struct GpuShmSink(ObjectSubclass<imp::GpuShmSink>) @extends gst_base::BaseSink, gst::Element, gst::Object;
