@@ -4,7 +4,8 @@
 //! Welcome read, with one back-off for a busy producer ([`Backoff`]) used by every way in.
 //! Errors that waiting cannot fix are said at once, in words a user can act on.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -13,9 +14,11 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
-use super::connection::Connection;
+use super::connection::Announced;
 use super::lease::Releaser;
 use super::options::ConnectOptions;
+use super::wait::Waiting;
+use super::{Subscriber, Waker};
 use crate::names::Endpoint;
 use crate::policy::{check_spin, Delivery};
 use crate::ring::consumer_end::ConsumerChannel;
@@ -44,22 +47,23 @@ impl Backoff {
     }
 }
 
-impl Connection {
+impl Subscriber {
     /// Connects to `ep` (a socket path, or a stream name looked up at each attempt, see
-    /// [`crate::names`]), waiting up to `timeout` for a producer to appear. `wake` aborts the
-    /// wait.
-    pub fn connect_to(
-        ep: &Endpoint,
-        opts: &ConnectOptions,
-        wake: Option<BorrowedFd<'_>>,
-    ) -> Result<Self> {
+    /// [`crate::names`]), waiting up to `opts.timeout` for a producer to appear. `waker`
+    /// interrupts the wait (`Err(Error::Interrupted)`) and, once connected,
+    /// [`Self::next_frame`].
+    pub fn connect_to(ep: &Endpoint, opts: &ConnectOptions, waker: &Waker) -> Result<Self> {
+        if let Endpoint::Stream(n) = ep {
+            crate::names::check_name(n)?;
+        }
         check_spin(opts.spin)?;
+        let wake = Some(waker.0.as_fd());
         let deadline = Instant::now()
             .checked_add(opts.timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(1 << 40));
         let mut backoff = Backoff::new();
         loop {
-            match Self::connect_once(ep, opts, wake, deadline) {
+            match Self::connect_once(ep, opts, waker, deadline) {
                 // A producer that dies (or is being replaced) can accept a connection and
                 // close it before answering, an impostor may give way to the real one, and a
                 // busy producer asks us to try again: try again while time is left.
@@ -90,9 +94,10 @@ impl Connection {
     fn connect_once(
         ep: &Endpoint,
         opts: &ConnectOptions,
-        wake: Option<BorrowedFd<'_>>,
+        waker: &Waker,
         deadline: Instant,
     ) -> Result<Self> {
+        let wake = Some(waker.0.as_fd());
         let (stream, path) = 'found: loop {
             // A stream name may be in several directories, the first of them left by a
             // producer that was killed: try each; an error waiting cannot fix is final.
@@ -214,8 +219,14 @@ impl Connection {
         let ch = ConsumerChannel::open(block, capacity)?;
         let ready = shm::Doorbell::from_peer(ready, "the frame-ready doorbell")?;
         let release = shm::Doorbell::from_peer(release, "the slot-released doorbell")?;
-        let releaser = Arc::new(Releaser::new(ch, release));
-        let mut c = Self::new(conn, client_id, ready, releaser, opts);
+        let mut c = Self {
+            conn: ManuallyDrop::new(conn),
+            client_id,
+            releaser: Arc::new(Releaser::new(ch, release)),
+            announced: Announced::new(opts),
+            waiting: Waiting::new(ready, opts),
+            wake: waker.0.clone(),
+        };
         c.pump()?;
         Ok(c)
     }

@@ -1,78 +1,44 @@
 // SPDX-License-Identifier: MPL-2.0
-//! One connection to a producer once the handshake is done: the messages it sends (rings,
-//! GPU memory, caps, EOS, the reason it cut us), the rings mapped, and the frames taken from
-//! the delivery queue, each with its [`SlotLease`]. How to wait for the next one is
-//! [`super::wait`]'s business.
+//! A subscriber's connection once the handshake is done: what the producer announces on the
+//! socket ([`Announced`]: rings, GPU memory, caps, EOS, the reason it cut us), and the frames
+//! taken from the delivery queue, each with its [`SlotLease`]. How to wait for the next one
+//! is `wait.rs`'s business.
 
 use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::frame::Frame;
-use super::lease::{Releaser, SlotLease};
+use super::lease::SlotLease;
 use super::options::ConnectOptions;
-use super::wait::SpinStats;
+use super::Subscriber;
 use crate::ring::consumer_end::ConsumerRing;
-use crate::ring::shm;
-use crate::wire::{Conn, Message, RING_DEVICE, RING_WRITABLE};
+use crate::wire::{Message, RING_DEVICE, RING_WRITABLE};
 use crate::{Error, Result};
 
 /// Caps generations remembered for frames still queued from before a caps change.
 const CAPS_HISTORY: usize = 8;
 
-pub(crate) struct Connection {
-    /// Moved into the releaser when the connection is dropped (see `Drop`).
-    pub(super) conn: ManuallyDrop<Conn>,
-    pub(super) client_id: u32,
-    /// Readable when the producer delivered a frame while we wait.
-    pub(super) ready: shm::Doorbell,
-    pub(super) releaser: Arc<Releaser>,
-    pub(super) rings: VecDeque<Arc<ConsumerRing>>,
-    pub(super) caps: VecDeque<(u32, Arc<str>)>,
-    pub(super) eos: bool,
-    pub(super) gone: Option<Error>,
-    pub(super) writable: bool,
-    pub(super) device_memory: bool,
+/// What the producer announced on the socket: the rings mapped (the newest and the one
+/// before, whose frames may still be queued), the caps of the last generations, EOS, and why
+/// it went away.
+pub(super) struct Announced {
+    pub rings: VecDeque<Arc<ConsumerRing>>,
+    pub caps: VecDeque<(u32, Arc<str>)>,
+    pub eos: bool,
+    pub gone: Option<Error>,
+    /// We asked for a writable ring / can map GPU memory: only then may the producer send
+    /// one.
+    pub writable: bool,
+    pub device_memory: bool,
     /// A device ring announced by Ring, waiting for its DeviceMemory.
-    pub(super) device_pending: Option<ConsumerRing>,
-    /// poll() saw the socket readable (or hung up) since it was last read.
-    pub(super) socket_ready: bool,
-    /// The caller polls the frame-ready eventfd itself ([`Self::ready_fd`]): the producer
-    /// writes it after every delivery, not only while we wait.
-    pub(super) always_wake: AtomicBool,
-    /// Low-latency mode's budget per frame ([`ConnectOptions::spin`]; zero: off).
-    pub(super) spin: Duration,
-    /// When the next frame is due (low-latency mode).
-    pub(super) cadence: crate::cadence::Cadence,
-    /// This thread's timer slack, ns (low-latency mode wakes up that much earlier).
-    pub(super) slack_ns: u64,
-    /// Low-latency mode: frames that came while polling, and polls that ended without one.
-    pub(super) spin_stats: SpinStats,
-    /// A wake-up that finds no frame may poll for it ([`EARLY_WAKE_POLL`]): once per frame
-    /// taken, so that a producer that rings for nothing costs us one poll a frame at most.
-    pub(super) early_poll: bool,
-    /// Those polls: frames they caught, and polls that ended without one.
-    pub(super) early_stats: SpinStats,
+    pub device_pending: Option<ConsumerRing>,
 }
 
-impl Connection {
-    /// The connection of client `client_id` once its Welcome came, with its frame-ready
-    /// doorbell and its releaser.
-    pub(super) fn new(
-        conn: Conn,
-        client_id: u32,
-        ready: shm::Doorbell,
-        releaser: Arc<Releaser>,
-        opts: &ConnectOptions,
-    ) -> Self {
+impl Announced {
+    pub fn new(opts: &ConnectOptions) -> Self {
         Self {
-            conn: ManuallyDrop::new(conn),
-            client_id,
-            ready,
-            releaser,
             rings: VecDeque::new(),
             caps: VecDeque::new(),
             eos: false,
@@ -80,83 +46,22 @@ impl Connection {
             writable: opts.writable_ring,
             device_memory: opts.device_memory,
             device_pending: None,
-            socket_ready: true,
-            always_wake: AtomicBool::new(false),
-            spin: opts.spin,
-            cadence: Default::default(),
-            slack_ns: if opts.spin.is_zero() {
-                0
-            } else {
-                crate::cadence::timer_slack_ns()
-            },
-            spin_stats: SpinStats::default(),
-            early_poll: true,
-            early_stats: SpinStats::default(),
         }
     }
 
-    pub fn client_id(&self) -> u32 {
-        self.client_id
+    fn push_ring(&mut self, ring: ConsumerRing) {
+        self.rings.push_back(Arc::new(ring));
+        // Keep the previous ring: frames queued before the switch still use it.
+        while self.rings.len() > 2 {
+            self.rings.pop_front();
+        }
     }
+}
 
-    /// Frames the producer took back because we fell behind.
-    pub fn dropped(&self) -> u64 {
-        self.releaser.ch.dropped()
-    }
-
-    /// Frames of this connection we reference now (leases alive, wherever they are).
-    pub fn leases(&self) -> usize {
-        self.releaser.leases.load(Ordering::Acquire)
-    }
-
-    /// Frames the producer lets us reference at once (0: it did not say).
-    pub fn budget(&self) -> u32 {
-        self.releaser.ch.budget()
-    }
-
-    /// Whether the frame just taken should be copied out of the ring and given back at once,
-    /// and if so how many frames we reference (the one just taken included). We keep at most
-    /// `zero_copy_limit()` frames zero-copy, so the producer never has to wait for frames
-    /// downstream keeps, and frames still arrive while this process gets no CPU for a moment.
-    pub fn should_copy(&self) -> Option<usize> {
-        let held = self.leases();
-        (self.budget() > 0 && held > self.zero_copy_limit()).then_some(held)
-    }
-
-    /// Frames we keep zero-copy at most: our budget less room for frames on their way to us
-    /// (two when the budget allows, one otherwise).
-    pub fn zero_copy_limit(&self) -> usize {
-        crate::policy::zero_copy_limit(self.budget() as usize)
-    }
-
-    /// Counts a frame copied out of the ring (reported to the producer's statistics too).
-    pub fn count_copy(&self) -> u64 {
-        let n = self.releaser.copied.fetch_add(1, Ordering::Relaxed) + 1;
-        self.releaser.ch.set_copied(n);
-        n
-    }
-
-    /// Frames copied out of the ring on this connection.
-    pub fn copied(&self) -> u64 {
-        self.releaser.copied.load(Ordering::Relaxed)
-    }
-
-    /// The newest caps the producer announced.
-    pub fn caps(&self) -> Option<Arc<str>> {
-        self.caps.back().map(|c| c.1.clone())
-    }
-
-    pub fn is_eos(&self) -> bool {
-        self.eos
-    }
-
-    pub fn socket_fd(&self) -> RawFd {
-        self.conn.raw_fd()
-    }
-
+impl Subscriber {
     /// Handles every message waiting on the socket.
     pub(super) fn pump(&mut self) -> Result<()> {
-        if self.gone.is_some() {
+        if self.announced.gone.is_some() {
             return Ok(());
         }
         loop {
@@ -165,7 +70,7 @@ impl Connection {
                 Ok(None) => return Ok(()),
                 Err(e) => {
                     // An Error message read just before (the producer's reason) stays.
-                    self.gone.get_or_insert(e);
+                    self.announced.gone.get_or_insert(e);
                     return Ok(());
                 }
             };
@@ -180,12 +85,12 @@ impl Connection {
                     let fd = fds
                         .pop()
                         .ok_or_else(|| Error::protocol("Ring arrived without its descriptor"))?;
-                    if flags & RING_WRITABLE != 0 && !self.writable {
+                    if flags & RING_WRITABLE != 0 && !self.announced.writable {
                         return Err(Error::protocol(
                             "the producer sent a writable ring nobody asked for",
                         ));
                     }
-                    if flags & RING_DEVICE != 0 && !self.device_memory {
+                    if flags & RING_DEVICE != 0 && !self.announced.device_memory {
                         return Err(Error::protocol(
                             "the producer sent a ring in GPU memory nobody asked for",
                         ));
@@ -200,9 +105,9 @@ impl Connection {
                     )?;
                     if flags & RING_DEVICE != 0 {
                         // Usable once its GPU memory is mapped.
-                        self.device_pending = Some(ring);
+                        self.announced.device_pending = Some(ring);
                     } else {
-                        self.push_ring(ring);
+                        self.announced.push_ring(ring);
                     }
                 }
                 Message::DeviceMemory {
@@ -214,6 +119,7 @@ impl Connection {
                         Error::protocol("DeviceMemory arrived without its descriptor")
                     })?;
                     let ring = self
+                        .announced
                         .device_pending
                         .take()
                         .filter(|r| r.ring_gen() == ring_gen)
@@ -229,15 +135,15 @@ impl Connection {
                         )));
                     }
                     map_device_ring(&ring, fd, &gpu_uuid)?;
-                    self.push_ring(ring);
+                    self.announced.push_ring(ring);
                 }
                 Message::Caps { caps_gen, caps } => {
-                    self.caps.push_back((caps_gen, caps.into()));
-                    while self.caps.len() > CAPS_HISTORY {
-                        self.caps.pop_front();
+                    self.announced.caps.push_back((caps_gen, caps.into()));
+                    while self.announced.caps.len() > CAPS_HISTORY {
+                        self.announced.caps.pop_front();
                     }
                 }
-                Message::Eos => self.eos = true,
+                Message::Eos => self.announced.eos = true,
                 Message::Error { message } => {
                     // It cut us: every slot we held is the producer's again.
                     *self
@@ -246,7 +152,7 @@ impl Connection {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
                     self.releaser.cut.store(true, Ordering::Release);
-                    self.gone = Some(Error::Refused(format!(
+                    self.announced.gone = Some(Error::Refused(format!(
                         "the producer closed the connection: {message}"
                     )));
                 }
@@ -259,31 +165,30 @@ impl Connection {
         }
     }
 
-    fn push_ring(&mut self, ring: ConsumerRing) {
-        self.rings.push_back(Arc::new(ring));
-        // Keep the previous ring: frames queued before the switch still use it.
-        while self.rings.len() > 2 {
-            self.rings.pop_front();
-        }
-    }
-
-    /// The next frame, if one is queued. `Err(Disconnected)` once the producer is gone and
-    /// every frame it delivered was taken.
+    /// The next frame if one is ready, without waiting: `Ok(None)` when none is (see
+    /// [`Self::is_eos`]). `Err(Disconnected)` once the producer is gone and every frame it
+    /// delivered was taken.
     #[link_section = ".text.hot.gpushm"]
-    pub fn try_next(&mut self) -> Result<Option<Frame>> {
+    pub fn try_next_frame(&mut self) -> Result<Option<Frame>> {
         // Read the socket only when poll() said it has news (or a frame needs news): no
         // syscall per frame for nothing.
-        if std::mem::take(&mut self.socket_ready) {
+        if std::mem::take(&mut self.waiting.socket_ready) {
             self.pump()?;
         }
         self.releaser.flush();
         let Some(e) = self.releaser.ch.take()? else {
-            return match self.gone.take() {
-                Some(err) if !self.eos => Err(err),
+            return match self.announced.gone.take() {
+                Some(err) if !self.announced.eos => Err(err),
                 _ => Ok(None),
             };
         };
-        let lookup = |c: &Self| c.rings.iter().find(|r| r.ring_gen() == e.ring_gen).cloned();
+        let lookup = |c: &Self| {
+            c.announced
+                .rings
+                .iter()
+                .find(|r| r.ring_gen() == e.ring_gen)
+                .cloned()
+        };
         let ring = match lookup(self) {
             Some(r) => r,
             None => {
@@ -294,7 +199,7 @@ impl Connection {
             }
         };
         self.releaser.leases.fetch_add(1, Ordering::AcqRel);
-        self.early_poll = true;
+        self.waiting.early_poll = true;
         let lease = SlotLease {
             entry: e,
             ring: ring.clone(),
@@ -305,12 +210,13 @@ impl Connection {
             self.releaser
                 .ch
                 .record_latency(crate::monotonic_ns().saturating_sub(meta.publish_ns));
-            if !self.spin.is_zero() {
-                self.cadence.record(meta.publish_ns);
+            if !self.waiting.spin.is_zero() {
+                self.waiting.cadence.record(meta.publish_ns);
             }
         }
         let find = |c: &Self| {
-            c.caps
+            c.announced
+                .caps
                 .iter()
                 .find(|c| c.0 == meta.caps_gen)
                 .map(|c| c.1.clone())
@@ -335,13 +241,13 @@ impl Connection {
     }
 }
 
-impl Drop for Connection {
+impl Drop for Subscriber {
     /// Tells the producer we take no more frames, and hands the socket to the leases: the
     /// producer keeps the slots of frames still held until the last lease is gone.
     fn drop(&mut self) {
         let releaser = self.releaser.clone();
         let held = || releaser.leases.load(Ordering::Acquire) > 0;
-        if self.gone.is_none() && held() {
+        if self.announced.gone.is_none() && held() {
             // What the producer sent before is read now: an Error in it is why it cut us.
             let _ = self.pump();
         }

@@ -54,16 +54,21 @@ mod query;
 mod reconnect;
 mod wait;
 
-use std::os::fd::{AsFd, RawFd};
+use std::mem::ManuallyDrop;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::sys::eventfd::EventFd;
 
-use self::connection::Connection;
+use self::connection::Announced;
+use self::lease::Releaser;
+use self::wait::Waiting;
 use crate::names::Endpoint;
 use crate::ring::shm;
+use crate::wire::Conn;
 use crate::{Error, Result};
 
 pub use self::frame::Frame;
@@ -71,7 +76,8 @@ pub use self::lease::SlotLease;
 pub use self::options::ConnectOptions;
 pub use self::query::{query, Queried};
 pub use self::reconnect::Link;
-pub use self::wait::{SpinStats, Wait};
+pub use self::wait::SpinStats;
+use self::wait::Wait;
 pub use crate::policy::Delivery;
 
 /// A consumer for apps without GStreamer: connects to a gpushmsink or a
@@ -87,7 +93,17 @@ pub use crate::policy::Delivery;
 /// }
 /// ```
 pub struct Subscriber {
-    conn: Connection,
+    /// The control socket; moved into the releaser when the subscriber is dropped while
+    /// frames are held (see `connection.rs`).
+    conn: ManuallyDrop<Conn>,
+    client_id: u32,
+    /// Gives held frames back; shared with every lease.
+    releaser: Arc<Releaser>,
+    /// What the producer announced (`connection.rs`).
+    announced: Announced,
+    /// How we wait for the next frame (`wait.rs`).
+    waiting: Waiting,
+    /// Interrupts a wait ([`Waker`]).
     wake: Arc<EventFd>,
 }
 
@@ -131,48 +147,29 @@ impl Subscriber {
         Self::connect_to(&Endpoint::Stream(name.into()), &opts, &Waker::new()?)
     }
 
-    /// Connects to `ep` (a path or a stream name) like [`Self::connect_with_waker`].
-    pub fn connect_to(ep: &Endpoint, opts: &ConnectOptions, waker: &Waker) -> Result<Self> {
-        if let Endpoint::Stream(n) = ep {
-            crate::names::check_name(n)?;
-        }
-        let conn = Connection::connect_to(ep, opts, Some(waker.0.as_fd()))?;
-        Ok(Self {
-            conn,
-            wake: waker.0.clone(),
-        })
-    }
-
-    /// The next frame if one is ready, without waiting: `Ok(None)` when none is (see
-    /// [`Self::is_eos`]).
-    #[link_section = ".text.hot.gpushm"]
-    pub fn try_next_frame(&mut self) -> Result<Option<Frame>> {
-        self.conn.try_next()
-    }
-
     /// The producer sent EOS: no frame follows the ones already delivered.
     pub fn is_eos(&self) -> bool {
-        self.conn.is_eos()
+        self.announced.eos
     }
 
     /// Our id in the producer's logs and statistics.
     pub fn client_id(&self) -> u32 {
-        self.conn.client_id()
+        self.client_id
     }
 
     /// Frames the producer lets us reference at once (0: it did not say).
     pub fn budget(&self) -> u32 {
-        self.conn.budget()
+        self.releaser.ch.budget()
     }
 
     /// Frames of this subscriber alive now, wherever they are.
     pub fn held(&self) -> usize {
-        self.conn.leases()
+        self.releaser.leases.load(Ordering::Acquire)
     }
 
     /// Frames to keep zero-copy at most (our budget less room for frames on their way).
     pub fn zero_copy_limit(&self) -> usize {
-        self.conn.zero_copy_limit()
+        crate::policy::zero_copy_limit(self.budget() as usize)
     }
 
     /// Whether the frame just taken should be copied out of the ring and dropped at once
@@ -180,18 +177,21 @@ impl Subscriber {
     /// consumer that keeps frames for long (an encoder, a queue) copies past that limit, so
     /// the producer never waits for it and frames keep arriving.
     pub fn should_copy(&self) -> Option<usize> {
-        self.conn.should_copy()
+        let held = self.held();
+        (self.budget() > 0 && held > self.zero_copy_limit()).then_some(held)
     }
 
     /// Counts a frame copied out of the ring (reported in the producer's statistics too);
     /// returns the count.
     pub fn count_copy(&self) -> u64 {
-        self.conn.count_copy()
+        let n = self.releaser.copied.fetch_add(1, Ordering::Relaxed) + 1;
+        self.releaser.ch.set_copied(n);
+        n
     }
 
     /// Frames copied out of the ring so far.
     pub fn copied(&self) -> u64 {
-        self.conn.copied()
+        self.releaser.copied.load(Ordering::Relaxed)
     }
 
     /// The next frame: `Ok(None)` at the end of the stream (the producer sent EOS),
@@ -220,10 +220,10 @@ impl Subscriber {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut polled = false;
         loop {
-            if let Some(f) = self.conn.try_next()? {
+            if let Some(f) = self.try_next_frame()? {
                 return Ok(Some(f));
             }
-            if self.conn.is_eos() {
+            if self.announced.eos {
                 return Ok(None);
             }
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
@@ -234,9 +234,10 @@ impl Subscriber {
                 return Err(Error::Timeout("no frame from the producer".into()));
             }
             polled = true;
-            match self.conn.wait(self.wake.as_fd(), left, warm_up)? {
+            let wake = self.wake.clone();
+            match self.wait(wake.as_fd(), left, warm_up)? {
                 Wait::Woken => {
-                    shm::drain(&self.wake);
+                    shm::drain(&wake);
                     return Err(Error::Interrupted);
                 }
                 Wait::TimedOut => return Err(Error::Timeout("no frame from the producer".into())),
@@ -247,7 +248,7 @@ impl Subscriber {
 
     /// How the low-latency mode fares ([`ConnectOptions::spin`]; zeros when it is off).
     pub fn spin_stats(&self) -> SpinStats {
-        self.conn.spin_stats()
+        self.waiting.spin_stats
     }
 
     /// The polls run after the producer woke us ahead of a frame
@@ -255,7 +256,7 @@ impl Subscriber {
     /// the low-latency mode (with it, they count in [`Self::spin_stats`]): frames they caught,
     /// and polls that ended without one (each cost up to [`crate::policy::EARLY_WAKE_POLL`]).
     pub fn early_polls(&self) -> SpinStats {
-        self.conn.early_polls()
+        self.waiting.early_stats
     }
 
     /// Interrupts [`Self::next_frame`] from another thread.
@@ -265,18 +266,23 @@ impl Subscriber {
 
     /// The producer's newest caps (a GStreamer caps string).
     pub fn caps(&self) -> Option<Arc<str>> {
-        self.conn.caps()
+        self.announced.caps.back().map(|c| c.1.clone())
     }
 
     /// Frames the producer did not hand us (we fell behind).
     pub fn dropped(&self) -> u64 {
-        self.conn.dropped()
+        self.releaser.ch.dropped()
     }
 
     /// Descriptors to poll (readable) in an event loop before calling [`Self::next_frame`]:
     /// the frame-ready eventfd and the control socket (news, or the producer's end).
     pub fn poll_fds(&self) -> [RawFd; 2] {
-        [self.conn.ready_fd(), self.conn.socket_fd()]
+        // From now on the producer rings the doorbell after every delivery.
+        self.waiting.always_wake.store(true, Ordering::Relaxed);
+        self.releaser
+            .ch
+            .set_waiting(crate::ring::layout::WAITS_POLLED);
+        [self.waiting.ready.as_raw_fd(), self.conn.raw_fd()]
     }
 }
 

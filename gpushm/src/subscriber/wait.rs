@@ -5,36 +5,38 @@
 //! frame ([`crate::server::Server::wake_early`]).
 
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags};
 use nix::sys::time::TimeSpec;
 
-use super::connection::Connection;
+use super::options::ConnectOptions;
+use super::Subscriber;
 use crate::policy::EARLY_WAKE_POLL;
+use crate::ring::shm;
 use crate::{Error, Result};
 
 /// The descriptors of a connection to poll on. They stay open while the connection lives; the
 /// caller must not let it be dropped during a wait.
 #[derive(Clone, Copy)]
-pub(crate) struct WaitFds {
+struct WaitFds {
     ready: RawFd,
     socket: RawFd,
 }
 
 impl WaitFds {
-    fn of(c: &Connection) -> Self {
+    fn of(c: &Subscriber) -> Self {
         Self {
-            ready: c.ready.as_raw_fd(),
-            socket: c.socket_fd(),
+            ready: c.waiting.ready.as_raw_fd(),
+            socket: c.conn.raw_fd(),
         }
     }
 
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     /// Returns also whether the socket was readable (or hung up).
     #[link_section = ".text.hot.gpushm"]
-    pub fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
+    fn wait(&self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<(Wait, bool)> {
         // ppoll: a timeout to the µs (low-latency mode sleeps until just before a frame).
         let t = timeout.map(|d| TimeSpec::from_duration(d.min(Duration::from_secs(1 << 31))));
         // SAFETY: the caller keeps the connection, which owns both descriptors, alive.
@@ -65,7 +67,7 @@ impl WaitFds {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Wait {
+pub(super) enum Wait {
     /// Something may be ready: call `try_next` again.
     Ready,
     /// The wake descriptor fired (unlock).
@@ -85,18 +87,63 @@ pub struct SpinStats {
     pub missed: u64,
 }
 
-impl Connection {
+/// How a subscriber waits: its frame-ready doorbell, what poll() said of the socket, and the
+/// low-latency mode's and early wake-ups' state.
+pub(super) struct Waiting {
+    /// Readable when the producer delivered a frame while we wait.
+    pub ready: shm::Doorbell,
+    /// poll() saw the socket readable (or hung up) since it was last read.
+    pub socket_ready: bool,
+    /// The caller polls the frame-ready doorbell itself ([`Subscriber::poll_fds`]): the
+    /// producer rings it after every delivery, not only while we wait.
+    pub always_wake: AtomicBool,
+    /// Low-latency mode's budget per frame ([`ConnectOptions::spin`]; zero: off).
+    pub spin: Duration,
+    /// When the next frame is due (low-latency mode).
+    pub cadence: crate::cadence::Cadence,
+    /// This thread's timer slack, ns (low-latency mode wakes up that much earlier).
+    pub slack_ns: u64,
+    /// Low-latency mode: frames that came while polling, and polls that ended without one.
+    pub spin_stats: SpinStats,
+    /// A wake-up that finds no frame may poll for it ([`EARLY_WAKE_POLL`]): once per frame
+    /// taken, so that a producer that rings for nothing costs us one poll a frame at most.
+    pub early_poll: bool,
+    /// Those polls: frames they caught, and polls that ended without one.
+    pub early_stats: SpinStats,
+}
+
+impl Waiting {
+    pub fn new(ready: shm::Doorbell, opts: &ConnectOptions) -> Self {
+        Self {
+            ready,
+            socket_ready: true,
+            always_wake: AtomicBool::new(false),
+            spin: opts.spin,
+            cadence: Default::default(),
+            slack_ns: if opts.spin.is_zero() {
+                0
+            } else {
+                crate::cadence::timer_slack_ns()
+            },
+            spin_stats: SpinStats::default(),
+            early_poll: true,
+            early_stats: SpinStats::default(),
+        }
+    }
+}
+
+impl Subscriber {
     /// Blocks until a frame may be ready, the socket has news, `wake` fires or `timeout` ends.
     /// In low-latency mode, polls the ring around the time the next frame is due first,
     /// calling `warm_up` as the poll starts.
     #[link_section = ".text.hot.gpushm"]
-    pub fn wait(
+    pub(super) fn wait(
         &mut self,
         wake: BorrowedFd<'_>,
         timeout: Option<Duration>,
         warm_up: &mut dyn FnMut(),
     ) -> Result<Wait> {
-        if self.spin.is_zero() {
+        if self.waiting.spin.is_zero() {
             let start = Instant::now();
             let r = self.wait_blocking(wake, timeout)?;
             if r == Wait::Ready {
@@ -126,22 +173,22 @@ impl Connection {
         deadline: Option<Instant>,
         warm_up: &mut dyn FnMut(),
     ) -> Result<Option<Wait>> {
-        let Some(due) = self.cadence.take_due() else {
+        let Some(due) = self.waiting.cadence.take_due() else {
             return Ok(None);
         };
-        let half = self.spin.as_nanos() as u64 / 2;
+        let half = self.waiting.spin.as_nanos() as u64 / 2;
         let now = crate::monotonic_ns();
         if now >= due.saturating_add(half) {
             // Late past the window already (the stream paused, or we came late): sleep.
             return Ok(None);
         }
-        if self.always_wake.load(Ordering::Relaxed) {
+        if self.waiting.always_wake.load(Ordering::Relaxed) {
             // The doorbell rings for every frame (the caller polls it too): what it said of
             // frames taken already must not end the sleep below at once.
-            self.ready.drain();
+            self.waiting.ready.drain();
         }
         // Awake half the budget before the frame is due, the timer's slack allowed for.
-        let wake_at = due.saturating_sub(half + self.slack_ns);
+        let wake_at = due.saturating_sub(half + self.waiting.slack_ns);
         if wake_at > now {
             let mut sleep = Duration::from_nanos(wake_at - now);
             if let Some(d) = deadline {
@@ -163,20 +210,20 @@ impl Connection {
         // of the caches and the TLB, and each miss costs on the frame's way): ours, then the
         // caller's.
         std::hint::black_box((
-            self.rings.back().map(|r| r.warm_up()),
-            self.caps.back().map(|c| c.0),
+            self.announced.rings.back().map(|r| r.warm_up()),
+            self.announced.caps.back().map(|c| c.0),
             self.releaser.leases.load(Ordering::Relaxed),
         ));
         warm_up();
         // Poll, the producer not asked to ring (it saves the system call too).
         let ch = &self.releaser.ch;
-        let mut end = Instant::now() + self.spin;
+        let mut end = Instant::now() + self.waiting.spin;
         if let Some(d) = deadline {
             end = end.min(d);
         }
         loop {
             if ch.has_delivery() {
-                self.spin_stats.caught += 1;
+                self.waiting.spin_stats.caught += 1;
                 return Ok(Some(Wait::Ready));
             }
             if Instant::now() >= end {
@@ -186,7 +233,7 @@ impl Connection {
                 std::hint::spin_loop();
             }
         }
-        self.spin_stats.missed += 1;
+        self.waiting.spin_stats.missed += 1;
         if deadline.is_some_and(|d| Instant::now() >= d) {
             return Ok(Some(Wait::TimedOut));
         }
@@ -200,11 +247,11 @@ impl Connection {
     /// µs on machines where the first took longer than the producer's way to the publish.
     #[link_section = ".text.hot.gpushm"]
     fn poll_after_early_wake(&mut self, timeout: Option<Duration>) {
-        if !self.early_poll || !self.woken_early_elsewhere() {
+        if !self.waiting.early_poll || !self.woken_early_elsewhere() {
             return;
         }
         let ch = &self.releaser.ch;
-        self.early_poll = false;
+        self.waiting.early_poll = false;
         let end = Instant::now() + timeout.map_or(EARLY_WAKE_POLL, |t| t.min(EARLY_WAKE_POLL));
         while !ch.has_delivery() && Instant::now() < end {
             for _ in 0..16 {
@@ -212,9 +259,9 @@ impl Connection {
             }
         }
         if ch.has_delivery() {
-            self.early_stats.caught += 1;
+            self.waiting.early_stats.caught += 1;
         } else {
-            self.early_stats.missed += 1;
+            self.waiting.early_stats.missed += 1;
         }
     }
 
@@ -226,8 +273,8 @@ impl Connection {
         let ch = &self.releaser.ch;
         let from = ch.early_wake_cpu();
         from != 0
-            && !self.always_wake.load(Ordering::Relaxed)
-            && !self.socket_ready
+            && !self.waiting.always_wake.load(Ordering::Relaxed)
+            && !self.waiting.socket_ready
             && !ch.has_delivery()
             && crate::ring::layout::this_cpu() != from
     }
@@ -236,11 +283,11 @@ impl Connection {
     /// fires or `timeout` ends.
     #[link_section = ".text.hot.gpushm"]
     fn wait_blocking(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
-        let always = self.always_wake.load(Ordering::Relaxed);
+        let always = self.waiting.always_wake.load(Ordering::Relaxed);
         if !always {
             // Cleared before asking, not after waking: the system call is then off the way
             // of the next frame. A wake-up written from here on stays readable for poll.
-            self.ready.drain();
+            self.waiting.ready.drain();
         }
         let ch = &self.releaser.ch;
         // Ask for a wake-up, then look once more: a frame delivered before the producer saw
@@ -263,30 +310,12 @@ impl Connection {
         }
         let (r, socket_readable) = r?;
         if socket_readable {
-            self.socket_ready = true;
+            self.waiting.socket_ready = true;
         }
         if always && matches!(r, Wait::Ready) {
             // The caller's own poll sees the descriptor: readable only while news may wait.
-            self.ready.drain();
+            self.waiting.ready.drain();
         }
         Ok(r)
-    }
-
-    pub fn spin_stats(&self) -> SpinStats {
-        self.spin_stats
-    }
-
-    pub fn early_polls(&self) -> SpinStats {
-        self.early_stats
-    }
-
-    /// The frame-ready doorbell, for the caller's own poll: from now on the producer writes
-    /// it after every delivery.
-    pub fn ready_fd(&self) -> RawFd {
-        self.always_wake.store(true, Ordering::Relaxed);
-        self.releaser
-            .ch
-            .set_waiting(crate::ring::layout::WAITS_POLLED);
-        self.ready.as_raw_fd()
     }
 }
