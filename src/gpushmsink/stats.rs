@@ -5,20 +5,7 @@ use super::pool::Server;
 
 /// The `stats` structure of `server` (all zeros and no clients when the element is stopped).
 pub(super) fn structure(server: Option<&Server>) -> gst::Structure {
-    let Some(server) = server else {
-        return gst::Structure::builder("application/x-gpushmsink-stats")
-            .field("frames-sent", 0u64)
-            .field("frames-copied", 0u64)
-            .field("frames-dropped", 0u64)
-            .field("times-lagged", 0u64)
-            .field("spin-caught", 0u64)
-            .field("spin-missed", 0u64)
-            .field("woken-early", 0u64)
-            .field("woken-ahead", 0u64)
-            .field("clients", gst::Array::new(Vec::<gst::Structure>::new()))
-            .build();
-    };
-    let (s, clients) = server.stats();
+    let (s, clients) = server.map(|s| s.stats()).unwrap_or_default();
     let clients: Vec<gst::Structure> = clients
         .into_iter()
         .map(|c| {
@@ -58,6 +45,8 @@ pub(super) fn structure(server: Option<&Server>) -> gst::Structure {
         .field("spin-missed", s.spin_missed)
         .field("woken-early", s.woken_early)
         .field("woken-ahead", s.woken_ahead)
+        .field("connections-accepted", s.connections_accepted)
+        .field("reports-built", s.reports_built)
         .field("clients", gst::Array::new(clients))
         .build()
 }

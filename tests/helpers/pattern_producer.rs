@@ -16,7 +16,9 @@
 //! (a live producer whose cadence changes: N frames at FPS for each FPSxN, a pause of MS ms
 //! for each pMS; replaces --frames and --fps), --sink-prop NAME=VALUE (a gpushmsink property;
 //! repeatable), --pace (push each frame when the pipeline's running time reaches its PTS, as a
-//! camera does: keeps the cadence with sync=false, where the sink does not wait).
+//! camera does: keeps the cadence with sync=false, where the sink does not wait),
+//! --admission-every MS (prints `ADMISSION t=.. accepted=.. reports=..` that often: the
+//! sink's `connections-accepted` and `reports-built`).
 //! Prints `CONNECTED t=.. id=..` / `DISCONNECTED t=.. id=..` (CLOCK_MONOTONIC ns) as consumers
 //! come and go, and `STATS frames-sent=.. frames-copied=.. frames-dropped=.. times-lagged=..
 //! spin-caught=.. spin-missed=.. woken-early=.. woken-ahead=..` at the end, and `WARNING ...` for each warning on the bus.
@@ -42,6 +44,8 @@ struct Args {
     schedule: Option<Vec<(u64, u64)>>,
     /// gpushmsink properties, NAME=VALUE: --sink-prop (repeatable).
     sink_props: Vec<(String, String)>,
+    /// --admission-every MS: print the sink's admission counts this often (0: never).
+    admission_every_ms: u64,
 }
 
 fn parse() -> Result<Args, String> {
@@ -61,6 +65,7 @@ fn parse() -> Result<Args, String> {
         realtime_clock: false,
         schedule: None,
         sink_props: Vec::new(),
+        admission_every_ms: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -82,6 +87,11 @@ fn parse() -> Result<Args, String> {
                     .split_once('=')
                     .ok_or(format!("--sink-prop {p}: not NAME=VALUE"))?;
                 a.sink_props.push((k.into(), val.into()));
+            }
+            "--admission-every" => {
+                a.admission_every_ms = v()?
+                    .parse()
+                    .map_err(|e| format!("--admission-every: {e}"))?
             }
             "--wait" => a.wait = true,
             "--seed" => a.seed = true,
@@ -185,6 +195,21 @@ fn run(a: Args) -> Result<(), Box<dyn std::error::Error>> {
         pipeline.use_clock(Some(&clock));
     }
     pipeline.set_state(gst::State::Playing)?;
+    if a.admission_every_ms > 0 {
+        // What the sink let in so far, for tests that bound it by count (not by CPU share,
+        // which a busy machine changes).
+        let (sink, every) = (sink.clone(), a.admission_every_ms);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(every));
+            let s = sink.property::<gst::Structure>("stats");
+            println!(
+                "ADMISSION t={} accepted={} reports={}",
+                gpushm::monotonic_ns(),
+                s.get::<u64>("connections-accepted").unwrap_or(0),
+                s.get::<u64>("reports-built").unwrap_or(0)
+            );
+        });
+    }
 
     // Ask the sink for its pool, as any upstream element would.
     let pool = if a.copy {

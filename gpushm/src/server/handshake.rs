@@ -46,6 +46,7 @@ impl<P: Send + 'static> Server<P> {
                 Err(_) => return,
             };
             inner.admission.take();
+            inner.book.stats.connections_accepted += 1;
             let (pid, uid) = match getsockopt(&stream, PeerCredentials) {
                 Ok(c) => (c.pid(), c.uid()),
                 Err(_) => (-1, u32::MAX),

@@ -27,6 +27,12 @@ pub struct Stats {
     /// Of those, the ones rung by the connection thread before the frame was due
     /// (wake-ahead).
     pub woken_ahead: u64,
+    /// Connections accepted (consumers and tools), at most [`crate::policy::ACCEPT_RATE`] a
+    /// second after a burst of [`crate::policy::ACCEPT_BURST`], whatever connects.
+    pub connections_accepted: u64,
+    /// Reports built for tools' queries, at most one per [`REPORT_INTERVAL`] however many
+    /// ask.
+    pub reports_built: u64,
 }
 
 /// One client's figures.
@@ -202,6 +208,7 @@ impl Book {
                 return r.clone();
             }
         }
+        self.stats.reports_built += 1;
         let clients = clients
             .map(|c| {
                 // What each client took up to now (a client that broke its queue is dealt
