@@ -2,8 +2,19 @@
 use gst::glib;
 use gst::prelude::*;
 
+/// The pad's caps: the producer's, set as its frames come, and downstream refusing them.
+mod caps;
+/// What create() pushes: the next frame, in the pad's memory, with its meta and timestamps.
+mod create;
+/// CUDA: registering frames with the GPU, GpuShmCudaMeta, output in CUDA memory.
+mod cuda;
+/// The element glue: Settings, State, GObject, GstElement and GstBaseSrc methods.
 mod imp;
+/// Property defaults, specs (gst-inspect's docs) and their setters and getters.
+mod properties;
 mod receiver;
+/// Timestamps mapped from the producer's clock, and the latency answered.
+mod timing;
 
 /// The element's debug category, shared by its streaming side (imp) and its receiver.
 static CAT: once_cell::sync::Lazy<gst::DebugCategory> = once_cell::sync::Lazy::new(|| {
@@ -13,7 +24,7 @@ static CAT: once_cell::sync::Lazy<gst::DebugCategory> = once_cell::sync::Lazy::n
         Some("GPU shared-memory video source"),
     )
 });
-pub use imp::PUBLISH_TIMESTAMP_CAPS;
+pub use timing::PUBLISH_TIMESTAMP_CAPS;
 
 /// gpushmsrc's `mode`: the core crate's [`gpushm::policy::Delivery`] as a GStreamer enum.
 #[derive(Debug, Eq, PartialEq, Hash, Clone, Copy, glib::Enum, Default)]
