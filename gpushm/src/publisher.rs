@@ -48,7 +48,7 @@ struct Current {
 /// # drop(camera); std::fs::remove_dir_all(&dir).ok();
 /// ```
 pub struct Publisher {
-    engine: Arc<Server<SlotToken>>,
+    server: Arc<Server<SlotToken>>,
     current: Mutex<Current>,
     /// Where rings go: the GPU of a device ring (see [`Self::new_on_device`]).
     placement: Placement,
@@ -205,16 +205,16 @@ impl Publisher {
         config: Config,
         placement: Placement,
     ) -> Result<Self> {
-        let engine: Arc<Server<SlotToken>> = Server::start(path, config, Box::new(|_| {}))?;
-        let current = match Self::ring(&engine, &placement, layout, fps, slots) {
+        let server: Arc<Server<SlotToken>> = Server::start(path, config, Box::new(|_| {}))?;
+        let current = match Self::ring(&server, &placement, layout, fps, slots) {
             Ok(c) => c,
             Err(e) => {
-                engine.stop();
+                server.stop();
                 return Err(e);
             }
         };
         Ok(Self {
-            engine,
+            server,
             current: Mutex::new(current),
             placement,
             slots,
@@ -238,7 +238,7 @@ impl Publisher {
     }
 
     fn ring(
-        engine: &Arc<Server<SlotToken>>,
+        server: &Arc<Server<SlotToken>>,
         placement: &Placement,
         layout: crate::format::FrameLayout,
         fps: (u32, u32),
@@ -268,7 +268,7 @@ impl Publisher {
         let prepare = |_: &ProducerRing| Ok(());
         #[cfg(not(feature = "cuda"))]
         let _ = placement;
-        let ring = engine.new_ring(
+        let ring = server.new_ring(
             slots,
             layout.size,
             &layout.caps(fps.0, fps.1),
@@ -287,7 +287,7 @@ impl Publisher {
     /// caps change in GStreamer). Slots lent before are of the old ring: they can no longer be
     /// published ([`Self::publish`] says so and takes the slot back); lend new ones.
     pub fn set_layout(&self, layout: crate::format::FrameLayout, fps: (u32, u32)) -> Result<()> {
-        let c = Self::ring(&self.engine, &self.placement, layout, fps, self.slots)?;
+        let c = Self::ring(&self.server, &self.placement, layout, fps, self.slots)?;
         *self.current.lock().unwrap_or_else(|e| e.into_inner()) = c;
         Ok(())
     }
@@ -305,27 +305,27 @@ impl Publisher {
 
     /// Consumers connected now.
     pub fn num_clients(&self) -> usize {
-        self.engine.num_clients()
+        self.server.num_clients()
     }
 
     /// Wakes the consumers that sleep until a frame comes, ahead of the next one: call it
     /// when a frame is a few µs from [`Self::publish`] (its last step starts), so that their
     /// wake-up runs meanwhile. See [`Server::wake_early`] for when it wakes nobody.
     pub fn wake_early(&self) {
-        self.engine.wake_early();
+        self.server.wake_early();
     }
 
     /// The connection thread's id, once it runs (0 before).
     #[cfg(test)]
     pub(crate) fn connection_tid(&self) -> i32 {
-        self.engine.connection_tid()
+        self.server.connection_tid()
     }
 
     /// Wakes the consumers that sleep until a frame comes `ahead` before each frame is due,
     /// as learnt from the last frames' publish times (`Duration::ZERO`, the default: never).
     /// See [`Server::set_wake_ahead`].
     pub fn set_wake_ahead(&self, ahead: Duration) -> Result<()> {
-        self.engine.set_wake_ahead(ahead)
+        self.server.set_wake_ahead(ahead)
     }
 
     /// Whether frames go into GPU memory ([`Self::new_on_device`]).
@@ -334,7 +334,7 @@ impl Publisher {
     }
 
     pub fn stats(&self) -> (Stats, Vec<ClientStats>) {
-        self.engine.stats()
+        self.server.stats()
     }
 
     /// A free slot to fill, waiting up to `timeout` for one (consumers hold them all).
@@ -359,7 +359,7 @@ impl Publisher {
                 // Consumers wake the connection thread on releases while we wait; what they
                 // released already comes back now (into `free`, hence without its lock).
                 drop(f);
-                waiting = Some(self.engine.want_releases());
+                waiting = Some(self.server.want_releases());
                 f = cur.free.0.lock().unwrap_or_else(|e| e.into_inner());
                 continue;
             }
@@ -409,14 +409,14 @@ impl Publisher {
             max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
             spin: Duration::from_nanos(self.spin_ns.load(std::sync::atomic::Ordering::Relaxed)),
         };
-        let result = match self.engine.publish_frame(gen, slot, meta, policy, false) {
+        let result = match self.server.publish_frame(gen, slot, meta, policy, false) {
             Ok(Published::SlotBusy(why)) => Err(Error::Invalid(format!(
                 "{why}: a frame lent before set_layout() cannot be published; lend a new one"
             ))),
             r => r.map(|_| ()),
         };
         // The slot comes back when the last consumer releases it (at once if none holds it).
-        if let Some(t) = self.engine.buffer_returned(gen, slot, SlotToken(slot)) {
+        if let Some(t) = self.server.buffer_returned(gen, slot, SlotToken(slot)) {
             let (free, cond) = &*cur.free;
             free.lock().unwrap_or_else(|e| e.into_inner()).push(t.0);
             cond.notify_one();
@@ -426,13 +426,13 @@ impl Publisher {
 
     /// Tells every consumer the stream ended.
     pub fn send_eos(&self) {
-        self.engine.send_eos();
+        self.server.send_eos();
     }
 }
 
 impl Drop for Publisher {
     fn drop(&mut self) {
-        self.engine.stop();
+        self.server.stop();
     }
 }
 
@@ -477,7 +477,7 @@ mod tests {
         }
         let mut rings = 0u64;
         while !consumer.is_finished() {
-            cam.engine.ring_every_client_from_nowhere();
+            cam.server.ring_every_client_from_nowhere();
             rings += 1;
             std::thread::sleep(Duration::from_micros(100));
         }

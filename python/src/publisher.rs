@@ -66,7 +66,7 @@ impl Publisher {
         frame: &Bound<'_, PyAny>,
         timeout: f64,
     ) -> PyResult<Option<CoreSlot>> {
-        if !self.engine()?.is_on_device() {
+        if !self.core()?.is_on_device() {
             return Ok(None);
         }
         let Ok(iface) = frame.getattr("__cuda_array_interface__") else {
@@ -111,8 +111,8 @@ impl Publisher {
         Ok(Some(lease))
     }
 
-    /// The engine, taken out of the lock: waits never hold it (nor the GIL).
-    fn engine(&self) -> PyResult<Arc<CorePublisher>> {
+    /// The core publisher, taken out of the lock: waits never hold it (nor the GIL).
+    fn core(&self) -> PyResult<Arc<CorePublisher>> {
         self.inner
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -122,7 +122,7 @@ impl Publisher {
 
     fn acquire_lease(&self, py: Python<'_>, timeout: f64) -> PyResult<CoreSlot> {
         let t = secs(Some(timeout))?.unwrap_or_default();
-        let p = self.engine()?;
+        let p = self.core()?;
         py.detach(move || p.acquire(t)).map_err(to_py)
     }
 }
@@ -243,7 +243,7 @@ impl Publisher {
         capture_ns: Option<u64>,
         timeout: f64,
     ) -> PyResult<()> {
-        let engine = self.engine()?;
+        let core = self.core()?;
         let lease = if let Ok(slot) = frame.cast::<Slot>() {
             let slot = slot.get();
             if slot.publisher != self.id {
@@ -308,7 +308,7 @@ impl Publisher {
                 }
                 lease.fill_from_host(src).map_err(to_py)?;
                 return py
-                    .detach(move || engine.publish(lease, capture_ns))
+                    .detach(move || core.publish(lease, capture_ns))
                     .map_err(to_py);
             }
             let dst = lease.bytes_mut();
@@ -327,27 +327,27 @@ impl Publisher {
             }
             lease
         };
-        py.detach(move || engine.publish(lease, capture_ns))
+        py.detach(move || core.publish(lease, capture_ns))
             .map_err(to_py)
     }
 
     /// Whether frames go into GPU memory (made with `cuda_device=`).
     #[getter]
     fn on_device(&self) -> PyResult<bool> {
-        Ok(self.engine()?.is_on_device())
+        Ok(self.core()?.is_on_device())
     }
 
     /// Consumers connected and taking frames now (closed ones still holding frames are not counted).
     #[getter]
     fn num_clients(&self) -> PyResult<usize> {
-        Ok(self.engine()?.num_clients())
+        Ok(self.core()?.num_clients())
     }
 
     /// The low-latency mode's figures (`spin_us`): `(caught, missed)`, waits for a lossless
     /// consumer that polling ended and that ended asleep all the same; (0, 0) when it is off.
     #[getter]
     fn spin_stats(&self) -> PyResult<(u64, u64)> {
-        let st = self.engine()?.stats().0;
+        let st = self.core()?.stats().0;
         Ok((st.spin_caught, st.spin_missed))
     }
 
@@ -360,7 +360,7 @@ impl Publisher {
     /// `Subscriber` once its `fileno()` was called). A consumer woken before the frame is
     /// published waits for it as usual.
     fn wake_early(&self) -> PyResult<()> {
-        self.engine()?.wake_early();
+        self.core()?.wake_early();
         Ok(())
     }
 
@@ -368,18 +368,18 @@ impl Publisher {
     /// consumer and frame.
     #[getter]
     fn woken_early(&self) -> PyResult<u64> {
-        Ok(self.engine()?.stats().0.woken_early)
+        Ok(self.core()?.stats().0.woken_early)
     }
 
     /// Consumers woken before a frame was due (`wake_ahead_us`), one per consumer and frame.
     #[getter]
     fn woken_ahead(&self) -> PyResult<u64> {
-        Ok(self.engine()?.stats().0.woken_ahead)
+        Ok(self.core()?.stats().0.woken_ahead)
     }
 
     /// Tells every consumer that no frame follows.
     fn send_eos(&self) -> PyResult<()> {
-        self.engine()?.send_eos();
+        self.core()?.send_eos();
         Ok(())
     }
 
