@@ -948,6 +948,91 @@ fn a_producer_cannot_block_a_consumer_through_its_wake_up_descriptors() {
     drop(c);
 }
 
+/// Issue 48: a client that closes its end of the slot-released doorbell and stays connected.
+/// The producer's end then reports a hang-up on every poll: its connection thread used to
+/// drain it (reading nothing) and poll again at once, a whole core for as long as the client
+/// stayed. A hang-up is the client leaving: it is let go, and the producer's other consumer
+/// keeps every frame. (The producer's CPU over the attack is printed.)
+#[test]
+fn a_client_that_closes_its_release_doorbell_is_let_go() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("closed-doorbell.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let RawClient {
+        conn, ch, release, ..
+    } = raw_connect(&sock, 0);
+    let (from, cpu0) = (now(), process_cpu_time(p.child.id()));
+    drop(release);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ch.revoked() {
+        assert!(
+            Instant::now() < deadline,
+            "the client that closed its doorbell is still served"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let (to, cpu1) = (now(), process_cpu_time(p.child.id()));
+    eprintln!(
+        "producer at {:.0} % of a core",
+        (cpu1 - cpu0).as_secs_f64() * 1e9 / (to - from) as f64 * 100.0
+    );
+    drop((conn, ch));
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+}
+
+/// Issue 48, the other way: a producer that closes its end of a consumer's frame-ready
+/// doorbell and keeps the connection. The consumer's end then polls readable for good: waiting
+/// for a frame used to spin until its timeout. The consumer now says the producer is gone
+/// at once, and spins nothing.
+#[test]
+fn a_producer_that_closes_the_frame_doorbell_is_gone_for_its_consumer() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake-closed.sock");
+    let fake = FakeProducer::new(&sock);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.clone();
+    let consumer = std::thread::spawn(move || {
+        let mut sub =
+            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
+        let first = sub.next_frame(Some(Duration::from_secs(10)));
+        tx.send(Ok(first.is_ok_and(|f| f.is_some()))).unwrap();
+        let start = Instant::now();
+        let r = sub.next_frame(Some(Duration::from_secs(10)));
+        tx.send(Err((r.err().map(|e| e.to_string()), start.elapsed())))
+            .unwrap();
+    });
+    let mut c = fake.accept();
+    fake.send(&mut c, 0, FrameMeta::default());
+    assert_eq!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap(),
+        Ok(true),
+        "the first frame"
+    );
+    let FakeClient {
+        conn, ch, ready, ..
+    } = c;
+    drop(ready);
+    let (why, took) = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the consumer's wait ended")
+        .unwrap_err();
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("frame-ready doorbell")),
+        "{why:?}"
+    );
+    assert!(took < Duration::from_secs(5), "it waited {took:?}");
+    consumer.join().unwrap();
+    drop((conn, ch));
+}
+
 /// Connects a default subscriber to `sock` (5 s timeout) and takes one frame: how long the
 /// connection took, or why it failed.
 fn connect_and_take(sock: &Path) -> Result<Duration, String> {
@@ -1231,6 +1316,67 @@ fn a_hoarding_group_cannot_starve_a_consumer_that_keeps_up() {
     eprintln!("hoarders cut: {cut}; victim frames per second: {per_s:?}");
     // The last two seconds: every frame, at full rate.
     assert_full_rate(&out, from, to);
+}
+
+/// Issue 48: hoarders that take turns. Three clients keep at most 3 frames each (their own
+/// cap), together every slot of an 8-slot ring; every 400 ms one of them gives one frame back
+/// and takes the next. Each release used to reset the producer's starvation clock, and the
+/// producer (and a lossless consumer that keeps up) ran at the relay's pace, 2.5 fps. Now
+/// no client gets more than its share of the ring, and the producer's own wait for a slot is
+/// what times a cut: the consumer that keeps up gets its frames at the stream's rate, leaky
+/// relay or lossless. (The rate is asserted with a margin a busy machine cannot reach, the
+/// longest gap is printed; on an idle machine: at least 20 fps, no gap over 300 ms.)
+#[test]
+fn hoarders_taking_turns_cannot_set_the_pace_of_a_consumer_that_keeps_up() {
+    let _s = serial();
+    for (name, flags) in [("leaky", 0), ("lossless", FLAG_LOSSLESS)] {
+        let dir = tmpdir();
+        let sock = dir.path().join("relay.sock");
+        let mut p = producer(&sock, &["--slots", "8"]);
+        let mut v = victim(&sock);
+        v.wait_line("FRAME ", Duration::from_secs(20));
+        let hoarders: Vec<Raw> = (0..3).map(|_| raw_connect(&sock, flags)).collect();
+        let from = now();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relay = {
+            let stop = stop.clone();
+            std::thread::spawn(move || relay(hoarders, 3, Duration::from_millis(400), stop))
+        };
+        std::thread::sleep(Duration::from_secs(12));
+        let to = now();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let hoarders = relay.join().unwrap();
+        let cut = hoarders.iter().filter(|h| h.ch.revoked()).count();
+        p.kill9();
+        let (_, out) = v.finish(Duration::from_secs(10));
+        let f: Vec<(u64, u64)> = frames(&out)
+            .into_iter()
+            .filter(|&(_, t)| t >= from && t <= to)
+            .collect();
+        let secs = (to - from) as f64 / 1e9;
+        let fps = f.len() as f64 / secs;
+        let gap = f
+            .windows(2)
+            .map(|w| w[1].1 - w[0].1)
+            .max()
+            .unwrap_or(u64::MAX);
+        eprintln!(
+            "{name} relay: {cut} of 3 cut; the consumer that keeps up got {fps:.1} fps, longest gap {:.0} ms",
+            gap as f64 / 1e6
+        );
+        for w in f.windows(2) {
+            assert!(w[1].0 > w[0].0, "{name}: frames out of order: {w:?}");
+        }
+        assert!(
+            fps >= 15.0,
+            "{name} relay: the consumer that keeps up got {fps:.1} fps (the stream has 30)"
+        );
+        assert!(
+            gap < 1_000_000_000,
+            "{name} relay: a gap of {:.0} ms",
+            gap as f64 / 1e6
+        );
+    }
 }
 
 /// Issue 27, item 3: eight clients that each take one frame and hold it for good (as many as

@@ -96,14 +96,16 @@ pub const LIVE_HOLD_PERCENT: u32 = 10;
 /// See [`LIVE_HOLD_PERCENT`].
 pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 
-/// Every client's budget (frames it may reference at once) while the ring is crowded (as many
-/// open clients as the ring's slots less one, or more): one kept zero-copy and one in flight.
+/// The smallest budget (frames a client may reference at once), however many clients share
+/// the ring: one kept zero-copy and one in flight.
 pub const CROWDED_BUDGET: usize = 2;
 
-/// How long every slot of the ring may be held by clients, with none of them giving a frame
-/// back, before the client holding most is disconnected (it takes frames and never gives them
-/// back, or it is frozen with many). Slow clients that still release frames are never cut.
-pub const STARVATION_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long the producer may wait for a free slot, every slot of the ring held by clients,
+/// before the client most over its share is cut (it keeps frames and never gives them back,
+/// it is frozen with many, or clients take turns giving one back and taking the next). A
+/// client within its share is never cut for this. Short enough that a consumer that keeps up
+/// sees no gap much longer than it.
+pub const STARVATION_TIMEOUT: Duration = Duration::from_millis(150);
 
 /// At max-clients, a new consumer takes the place of the client that has had frames waiting
 /// and taken none for longest, if that is at least this long (one that keeps up is never

@@ -9,6 +9,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[path = "raw_client.rs"]
+mod raw_client;
+#[allow(unused_imports)]
+pub use raw_client::*;
+
 pub fn init() {
     use std::sync::Once;
     static INIT: Once = Once::new();
@@ -274,69 +279,6 @@ pub fn wait_for_path(path: &Path, timeout: Duration) {
             path.display()
         );
         std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A client speaking the protocol by hand (for hostile tests): Hello sent, Welcome read.
-pub struct RawClient {
-    pub conn: gpushm::wire::Conn,
-    pub ch: gpushm::ring::consumer_end::ConsumerChannel,
-    /// Its end of the slot-released doorbell.
-    pub release: gpushm::ring::shm::Doorbell,
-    /// Its end of the frame-ready doorbell.
-    pub ready: gpushm::ring::shm::Doorbell,
-    /// The first ring announced (descriptor and flags), once asked for with `recv_ring`.
-    pub ring: Option<(std::os::fd::OwnedFd, u32)>,
-}
-
-/// Connects to `sock` and says Hello with `flags`.
-pub fn raw_client(sock: &Path, flags: u32) -> RawClient {
-    use gpushm::wire::{Conn, Message};
-    let mut conn = Conn::new(std::os::unix::net::UnixStream::connect(sock).expect("connect"));
-    conn.send(
-        &Message::Hello {
-            flags,
-            pid: std::process::id(),
-            name: "hostile".into(),
-        },
-        &[],
-    )
-    .unwrap();
-    let (m, mut fds) = conn
-        .recv_timeout(Duration::from_secs(5), None)
-        .unwrap()
-        .unwrap();
-    let Message::Welcome { queue_capacity, .. } = m else {
-        panic!("expected Welcome, got {m:?}")
-    };
-    let release = gpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "release").unwrap();
-    let ready = gpushm::ring::shm::Doorbell::from_peer(fds.pop().unwrap(), "ready").unwrap();
-    let ch = gpushm::ring::consumer_end::ConsumerChannel::open(fds.pop().unwrap(), queue_capacity)
-        .unwrap();
-    RawClient {
-        conn,
-        ch,
-        release,
-        ready,
-        ring: None,
-    }
-}
-
-impl RawClient {
-    /// Waits up to 5 s for the producer's Ring message and keeps its descriptor.
-    pub fn recv_ring(mut self) -> Self {
-        use gpushm::wire::Message;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while self.ring.is_none() && Instant::now() < deadline {
-            if let Some((Message::Ring { flags, .. }, mut fds)) = self
-                .conn
-                .recv_timeout(Duration::from_millis(200), None)
-                .unwrap_or(None)
-            {
-                self.ring = Some((fds.pop().unwrap(), flags));
-            }
-        }
-        self
     }
 }
 

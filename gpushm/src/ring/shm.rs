@@ -159,17 +159,22 @@ impl Doorbell {
     }
 
     /// Reads the wake-ups waiting: one receive, unless more were waiting than it holds
-    /// (at most `DRAIN_MAX`). Never blocks.
-    pub fn drain(&self) {
+    /// (at most `DRAIN_MAX`). Never blocks. False if the peer closed its end (or broke it):
+    /// the doorbell then stays readable for good, and whoever polls it must stop, or spin.
+    #[must_use = "a closed doorbell is readable for good: stop polling it"]
+    pub fn drain(&self) -> bool {
         use nix::sys::socket::{recv, MsgFlags};
         let mut buf = [0u8; 256];
         for _ in 0..DRAIN_MAX {
             match recv(self.0.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                Ok(0) => return false,
                 Ok(n) if n == buf.len() => {}
+                Ok(_) | Err(nix::errno::Errno::EAGAIN) => return true,
                 Err(nix::errno::Errno::EINTR) => {}
-                _ => break,
+                Err(_) => return false,
             }
         }
+        true
     }
 }
 
@@ -295,7 +300,7 @@ mod tests {
         let (a, b) = Doorbell::pair().unwrap();
         let b = Doorbell::from_peer(b.0, "frame-ready").unwrap();
         a.ring();
-        b.drain();
+        assert!(b.drain());
     }
 
     /// The peer shares each end's file description and may clear O_NONBLOCK on it: ringing a
@@ -311,11 +316,11 @@ mod tests {
         for _ in 0..100_000 {
             a.ring();
         }
-        b.drain();
+        assert!(b.drain());
         for _ in 0..1000 {
-            b.drain();
+            assert!(b.drain());
         }
-        a.drain();
+        assert!(a.drain());
         assert!(start.elapsed() < std::time::Duration::from_secs(10));
     }
 }

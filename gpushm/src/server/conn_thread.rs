@@ -104,6 +104,7 @@ impl<P: Send + 'static> Server<P> {
                     .handshake_deadline()
                     .into_iter()
                     .chain(admit_at)
+                    .chain(inner.starvation.deadline())
                     .min(),
                 !inner.clients.is_empty(),
                 ahead_at,
@@ -181,9 +182,16 @@ impl<P: Send + 'static> Server<P> {
                     }
                 }
                 Kind::Release(id) => {
-                    // Releases of every client are taken below.
-                    if let Some(c) = inner.clients.get(id) {
-                        c.release.drain();
+                    // Releases of every client are taken below. A client that closed its end
+                    // of the doorbell would keep it readable, and this thread polling, for
+                    // good: it has left.
+                    let open = inner.clients.get(id).map(|c| c.release.drain());
+                    if open == Some(false) {
+                        self.drop_client(
+                            inner,
+                            id,
+                            "it closed its end of the slot-released doorbell".into(),
+                        );
                     }
                 }
             }

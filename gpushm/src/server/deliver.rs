@@ -12,9 +12,7 @@ use super::client::Client;
 use super::slots::{give_back, Back};
 use super::stats::Stats;
 use super::{fairness, Event, Inner, Published, Server};
-use crate::policy::{
-    zero_copy_limit, Policy, CROWDED_BUDGET, LEAKY_BACKLOG, LIVE_HOLD_BURST, LIVE_HOLD_PERCENT,
-};
+use crate::policy::{zero_copy_limit, Policy, LEAKY_BACKLOG, LIVE_HOLD_BURST, LIVE_HOLD_PERCENT};
 use crate::ring::frame::{Entry, FrameMeta};
 use crate::ring::shm;
 use crate::Result;
@@ -64,15 +62,15 @@ impl<P: Send + 'static> Server<P> {
         if let Some(why) = guard.slots.refusal(ring_gen, slot) {
             return Ok(Published::SlotBusy(why));
         }
-        // Crowded: too many open clients for each to keep frames of its own. Every client's
-        // budget is then small, so that consumers copy what their downstream keeps instead
-        // of pinning slots (see fairness).
+        // No client's budget is more than its share of the ring (see fairness): consumers
+        // copy what their downstream keeps past it instead of pinning slots, and one that
+        // does not follow it gets no more frames than that.
         let policy = Policy {
-            budget: if fairness::crowded(guard.clients.open_count(), guard.slots.count()) {
-                policy.budget.min(CROWDED_BUDGET)
-            } else {
-                policy.budget
-            },
+            budget: fairness::budget(
+                policy.budget,
+                guard.slots.count(),
+                guard.clients.open_count(),
+            ),
             ..policy
         };
         let start = Instant::now();

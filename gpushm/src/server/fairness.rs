@@ -1,8 +1,17 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Who gives way when clients hold the ring: the one place that decides which client is cut.
+//! Who may hold what, and who gives way when clients hold the ring: the one place that decides
+//! each client's share of the ring and which client is cut.
 //!
-//! A client is cut (marked revoked in its control block, told why, its slots taken back) in
-//! three situations, each decided here by a pure function over what the clients hold:
+//! **What a client may hold.** Every open client's budget (frames it may reference at once) is
+//! the producer's budget, but never more than its share of the ring: the ring's slots over the
+//! open clients, [`CROWDED_BUDGET`] at least ([`budget`]). A leaky client at its budget loses
+//! the frame (its oldest untaken ones go first); a lossless one is waited for, up to max-wait.
+//! Consumers that follow their budget (gpushmsrc, Python, C) copy what their downstream keeps
+//! past it, so they keep within their share whatever the others do.
+//!
+//! **Who is cut.** A client is cut (marked revoked in its control block, told why, its slots
+//! taken back) in three situations, each decided by a pure function over what the clients
+//! hold:
 //!
 //! - **The producer waits for a slot and every slot is held by a crowded ring's clients**
 //!   ([`Pressure::Waiting`]): as many open clients as the ring's slots less one, or more, so
@@ -10,11 +19,13 @@
 //!   everybody. A closed client still holding frames goes first, else the one most over its
 //!   share, else the clients holding the oldest frame (a consumer that keeps up holds the
 //!   newest ones).
-//! - **Every slot has been held for [`STARVATION_TIMEOUT`] with none given back**
-//!   ([`Pressure::Starved`]): a closed client holding frames first, else the one holding most
-//!   if that is more than its fair share (the ring's slots over the open clients, one at
-//!   least). A client within its share is never cut: slots held by clients that all keep
-//!   within theirs come back as they release them.
+//! - **The producer has waited [`STARVATION_TIMEOUT`] for a slot, every slot held**
+//!   ([`Pressure::Starved`], timed by [`Starvation`]): a closed client holding frames first,
+//!   else the one holding most if that is more than its fair share (the ring's slots over the
+//!   open clients, one at least). The wait is the producer's, not the clients': clients that
+//!   take turns giving one frame back and taking the next (a relay) keep the producer waiting
+//!   as surely as one that never gives back. A client within its share is never cut: slots
+//!   held by clients that all keep within theirs come back as they release them.
 //! - **A new consumer comes at max-clients**: the client stalled longest (frames waiting,
 //!   none taken for at least [`STALLED_EVICT`]) makes room ([`stalled_longest`]).
 
@@ -59,6 +70,13 @@ pub(super) struct Cut {
 /// its budget says). While crowded, every client's budget is [`CROWDED_BUDGET`].
 pub(super) fn crowded(open: usize, slots: usize) -> bool {
     open >= 2 && open + 1 >= slots
+}
+
+/// A client's budget with `open` open clients on a ring of `slots`: the producer's `budget`,
+/// but no more than the client's share of the ring, [`CROWDED_BUDGET`] at least (one kept
+/// zero-copy, one in flight).
+pub(super) fn budget(budget: usize, slots: usize, open: usize) -> usize {
+    budget.min((slots / open.max(1)).max(CROWDED_BUDGET))
 }
 
 /// The clients to cut so that the producer can go on, with every slot of a ring of `slots`
@@ -122,31 +140,46 @@ pub(super) fn choose(slots: usize, clients: &[Holding], pressure: Pressure) -> V
     }
 }
 
-/// How long every slot has been held with none given back.
+/// How long the producer has been waiting for a free slot (a pool with none free): the clock
+/// of [`Pressure::Starved`]. It runs from the first thread that starts waiting until the last
+/// one got its slot, whatever the clients release meanwhile that the producer does not get.
 #[derive(Debug, Default)]
 pub(super) struct Starvation {
+    waiters: usize,
     since: Option<Instant>,
 }
 
 impl Starvation {
-    /// A client gave a slot back: whoever holds the others now is slow, not hoarding.
-    pub fn slot_came_back(&mut self) {
-        self.since = None;
+    /// A thread starts (`true`) or stops waiting for a slot, at `now`.
+    pub fn producer_waits(&mut self, start: bool, now: Instant) {
+        if start {
+            self.waiters += 1;
+            self.since.get_or_insert(now);
+        } else {
+            self.waiters = self.waiters.saturating_sub(1);
+            if self.waiters == 0 {
+                self.since = None;
+            }
+        }
     }
 
-    /// Looks at the ring at `now` (`all_held`: every slot referenced). True once it has been
-    /// held whole for [`STARVATION_TIMEOUT`]; the clock then starts again.
+    /// When the wait reaches [`STARVATION_TIMEOUT`] (the connection thread looks then), if the
+    /// producer waits.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.since.map(|t| t + STARVATION_TIMEOUT)
+    }
+
+    /// Looks at `now`, with `all_held` (every slot of the current ring referenced). True once
+    /// the producer has waited [`STARVATION_TIMEOUT`] with every slot held; its clock then
+    /// starts again, so that it waits that long again before the next cut.
     pub fn starved(&mut self, all_held: bool, now: Instant) -> bool {
-        if !all_held {
-            self.since = None;
-            return false;
+        match self.since {
+            Some(t) if all_held && now.saturating_duration_since(t) >= STARVATION_TIMEOUT => {
+                self.since = Some(now);
+                true
+            }
+            _ => false,
         }
-        let since = *self.since.get_or_insert(now);
-        if now.duration_since(since) < STARVATION_TIMEOUT {
-            return false;
-        }
-        self.since = None;
-        true
     }
 }
 
@@ -166,7 +199,6 @@ pub(super) fn stalled_longest(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn open(id: u32, kept: usize, refs: usize, oldest: Option<u64>) -> Holding {
         Holding {
@@ -276,6 +308,53 @@ mod tests {
                 vec![1],
             ),
             (
+                "a relay: three clients keep 3, 3 and 2 of 8, giving one back now and then; the \
+                 consumer that keeps up holds none: one of the relay is cut",
+                8,
+                vec![
+                    open(1, 3, 3, Some(20)),
+                    open(2, 3, 3, Some(21)),
+                    open(3, 2, 2, Some(22)),
+                    open(4, 0, 0, None),
+                ],
+                Starved,
+                vec![2],
+            ),
+            (
+                "the relay after one was cut: two keep 3 of 8 each, over their share of 2",
+                8,
+                vec![
+                    open(1, 3, 3, Some(20)),
+                    open(3, 3, 3, Some(22)),
+                    open(4, 1, 1, Some(30)),
+                ],
+                Starved,
+                vec![3],
+            ),
+            (
+                "honest consumers at their budget of 2 and one holding its last frame",
+                8,
+                vec![
+                    open(1, 2, 2, Some(20)),
+                    open(2, 2, 2, Some(21)),
+                    open(3, 2, 2, Some(22)),
+                    open(4, 1, 2, Some(23)),
+                ],
+                Starved,
+                vec![],
+            ),
+            (
+                "eight one-slot hoarders and the consumer that keeps up, crowded: the holder \
+                 of the oldest frame goes at once",
+                8,
+                (1..=8)
+                    .map(|id| open(id, 1, 1, Some(10 + id as u64)))
+                    .chain([open(9, 0, 0, None)])
+                    .collect(),
+                Waiting,
+                vec![1],
+            ),
+            (
                 "not crowded: the producer waits as the budgets say",
                 8,
                 vec![open(1, 4, 4, Some(1)), open(2, 4, 4, Some(2))],
@@ -302,20 +381,55 @@ mod tests {
         );
     }
 
+    /// The producer's wait is the clock: releases it does not get (a relay of clients giving
+    /// one frame back and taking the next) do not reset it; the wait ending does.
     #[test]
-    fn starvation_counts_from_the_first_look_at_a_full_ring() {
+    fn starvation_is_the_producers_wait_for_a_slot() {
         let t0 = Instant::now();
         let mut s = Starvation::default();
-        assert!(!s.starved(true, t0));
+        assert!(
+            !s.starved(true, t0 + 3 * STARVATION_TIMEOUT),
+            "nobody waits"
+        );
+        s.producer_waits(true, t0);
+        assert_eq!(s.deadline(), Some(t0 + STARVATION_TIMEOUT));
         assert!(!s.starved(true, t0 + STARVATION_TIMEOUT / 2));
+        assert!(
+            !s.starved(false, t0 + STARVATION_TIMEOUT),
+            "a slot is free: the wait ends in a moment"
+        );
         assert!(s.starved(true, t0 + STARVATION_TIMEOUT));
         // The clock starts again.
         assert!(!s.starved(true, t0 + STARVATION_TIMEOUT));
-        // A slot coming back, or a free slot, resets it.
-        s.slot_came_back();
-        assert!(!s.starved(true, t0 + 3 * STARVATION_TIMEOUT));
-        assert!(!s.starved(false, t0 + 4 * STARVATION_TIMEOUT));
-        assert!(!s.starved(true, t0 + 4 * STARVATION_TIMEOUT + Duration::from_millis(1)));
+        assert!(s.starved(true, t0 + 2 * STARVATION_TIMEOUT));
+        // A second waiter, then the first gets its slot: still waiting.
+        s.producer_waits(true, t0 + 2 * STARVATION_TIMEOUT);
+        s.producer_waits(false, t0 + 2 * STARVATION_TIMEOUT);
+        assert!(s.starved(true, t0 + 3 * STARVATION_TIMEOUT));
+        // The last one gets its slot: the clock stops.
+        s.producer_waits(false, t0 + 3 * STARVATION_TIMEOUT);
+        assert_eq!(s.deadline(), None);
+        assert!(!s.starved(true, t0 + 9 * STARVATION_TIMEOUT));
+    }
+
+    /// Budgets follow the share of the ring: the producer's when few clients share it, down to
+    /// the crowded budget.
+    #[test]
+    fn a_budget_is_never_more_than_the_share_of_the_ring() {
+        // (producer's budget, slots, open clients, budget)
+        for (b, slots, open, want) in [
+            (4, 8, 1, 4),
+            (4, 8, 2, 4),
+            (4, 8, 3, 2),
+            (4, 8, 4, 2),
+            (4, 8, 9, CROWDED_BUDGET),
+            (6, 16, 2, 6),
+            (6, 16, 4, 4),
+            (1, 8, 4, 1),
+            (4, 8, 0, 4),
+        ] {
+            assert_eq!(budget(b, slots, open), want, "{b} {slots} {open}");
+        }
     }
 
     #[test]

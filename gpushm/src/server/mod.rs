@@ -210,7 +210,9 @@ pub struct ReleaseWait<'a, P: Send + 'static>(&'a Server<P>);
 
 impl<P: Send + 'static> Drop for ReleaseWait<'_, P> {
     fn drop(&mut self) {
-        self.0.lock().clients.add_release_waiter(false);
+        let mut inner = self.0.lock();
+        inner.clients.add_release_waiter(false);
+        inner.starvation.producer_waits(false, Instant::now());
     }
 }
 
@@ -498,9 +500,6 @@ impl<P: Send + 'static> Server<P> {
                 failed.push((c.id, e.to_string()));
             }
         }
-        if !released.is_empty() {
-            inner.starvation.slot_came_back();
-        }
         for e in released.drain(..) {
             inner.slots.unref(e, back);
         }
@@ -526,7 +525,13 @@ impl<P: Send + 'static> Server<P> {
     /// guard lives, clients wake the connection thread on each release, which gives slots
     /// back as they come. What they released already is taken back at once.
     pub fn want_releases(&self) -> ReleaseWait<'_, P> {
-        self.lock().clients.add_release_waiter(true);
+        {
+            let mut inner = self.lock();
+            inner.clients.add_release_waiter(true);
+            inner.starvation.producer_waits(true, Instant::now());
+        }
+        // The connection thread times the wait (see fairness::Starvation).
+        shm::notify(&self.wake);
         self.reclaim();
         let mut inner = self.lock();
         self.relieve_overcrowding(&mut inner);
@@ -546,8 +551,9 @@ impl<P: Send + 'static> Server<P> {
         }
     }
 
-    /// Clients that keep every slot of the ring with none given back would stop the producer
-    /// for good: past the starvation timeout, the one [`fairness`] chooses is cut.
+    /// Clients that keep every slot of the ring (one that never gives back, or several that
+    /// take turns) would stop the producer for good: once it has waited the starvation
+    /// timeout for a slot, the one [`fairness`] chooses is cut.
     fn check_starvation(&self, inner: &mut Inner<P>, now: Instant) {
         if inner.clients.producer_waits() {
             self.relieve_overcrowding(inner);

@@ -19,14 +19,14 @@
 //!   owned by the leases, until the last one is dropped: then the producer sees it close and
 //!   knows that nothing is held any more.
 //! - **The one exception: a consumer the producer cuts.** A producer that has to go on cuts a
-//!   consumer when every slot of its ring has been held for
-//!   [`crate::policy::STARVATION_TIMEOUT`] with none given back: a closed consumer still
-//!   holding frames first, else one holding more than its fair share (the ring's slots over the
-//!   open consumers); a consumer that keeps within its share is never cut, except in a
-//!   crowded ring (as many open consumers as slots less one, or more): there every budget is
-//!   two frames (gpushmsrc and Python then copy what they keep), and while the producer waits
-//!   for a slot with every slot held, the consumers holding the oldest frame are cut at once.
-//!   The producer marks
+//!   consumer when it has waited [`crate::policy::STARVATION_TIMEOUT`] for a slot with every
+//!   slot of its ring held: a closed consumer still holding frames first, else one holding
+//!   more than its fair share (the ring's slots over the open consumers, which no budget
+//!   exceeds: gpushmsrc and Python copy what they keep past theirs); a consumer that keeps
+//!   within its share is never cut, except in a crowded ring (as many open consumers as slots
+//!   less one, or more): there, while the producer waits for a slot with every slot held, the
+//!   consumers holding the oldest frame are cut at once. The rules, and why, are
+//!   `server/fairness.rs`'s. The producer marks
 //!   the consumer's control block before it takes the slots back, then says why (an `Error`
 //!   message): from then on [`SlotLease::is_valid`] is false and [`SlotLease::revoked`] says
 //!   why, whether the subscriber is open, closed or no longer reading. Python frames then

@@ -473,52 +473,66 @@ fn an_event_loop_subscriber_never_polls_after_a_leftover_wake_up() {
 }
 
 /// Two consumers that each hold their share of the ring (all of it, together) are never
-/// cut; one that holds more than its share while all slots are held is: its frames then
-/// say they are no longer valid, and why, without the subscriber reading anything.
+/// cut, however long the producer waits for a slot; one that holds more than its share while
+/// the producer waits, every slot held, is: its frames then say they are no longer valid, and
+/// why, without the subscriber reading anything.
 #[test]
 fn only_a_consumer_over_its_share_is_cut_and_its_frames_say_so() {
     let dir = scratch("cut");
-    let cam = camera(&dir, 4);
+    let cam = camera(&dir, 6);
     let mut a = connect(&dir, true);
     let mut b = connect(&dir, true);
     until("two clients", || cam.num_clients() == 2);
-    // a keeps frames 1 and 2, b frames 3 and 4: every slot held, each at its share (2).
-    publish(&cam, 1);
-    publish(&cam, 2);
-    let a1 = take(&mut a);
-    let a2 = take(&mut a);
-    drop((take(&mut b), take(&mut b)));
-    publish(&cam, 3);
-    publish(&cam, 4);
-    let b3 = take(&mut b);
+    // a keeps frames 1 to 3, b frames 4 to 6: every slot held, each at its share (3).
+    for v in 1..=3 {
+        publish(&cam, v);
+    }
+    let held_by_a: Vec<Frame> = (0..3).map(|_| take(&mut a)).collect();
+    drop((take(&mut b), take(&mut b), take(&mut b)));
+    for v in 4..=6 {
+        publish(&cam, v);
+    }
     let b4 = take(&mut b);
-    std::thread::sleep(crate::policy::STARVATION_TIMEOUT * 3);
+    let b5 = take(&mut b);
+    let b6 = take(&mut b);
+    // The producer waits for a slot, in vain.
+    assert!(matches!(
+        cam.acquire(crate::policy::STARVATION_TIMEOUT * 3),
+        Err(Error::Timeout(_))
+    ));
     assert_eq!(cam.num_clients(), 2, "a client within its share was cut");
-    assert!(a1.lease.is_valid() && b3.lease.is_valid());
-    // A third consumer: the share is now one slot. b lets one frame go (now within its
-    // share); a closes and keeps two: a alone is over its share and gets cut.
+    assert!(held_by_a[0].lease.is_valid() && b4.lease.is_valid());
+    // A third consumer: the share (and every budget) is now two slots. b lets two frames go;
+    // a keeps its three and takes nothing more: a alone is over its share.
     let mut c = connect(&dir, false);
     until("three clients", || cam.num_clients() == 3);
-    drop(b4);
-    publish(&cam, 5);
-    let c5 = take(&mut c);
-    assert!(filled_with(&c5, 5));
-    drop(c5);
-    drop(take(&mut b));
-    // Every slot is held again: a 2 (closed), b 1, c 1.
-    publish(&cam, 6);
-    let c6 = take(&mut c);
-    drop(take(&mut b));
+    drop((b5, b6));
+    publish(&cam, 7);
+    let c7 = take(&mut c);
+    assert!(filled_with(&c7, 7));
+    drop(c7);
+    let b7 = take(&mut b);
+    // Every slot is held again: a 3, b 2, c 1.
+    publish(&cam, 8);
+    let c8 = take(&mut c);
+    // The producer waits for a slot: a is cut, and its slots come back.
+    publish(&cam, 9);
     // a does not read its socket: its frames learn it from its control block.
-    until("a's frames to be revoked", || !a1.lease.is_valid());
-    assert!(!a2.lease.is_valid());
+    until("a's frames to be revoked", || {
+        !held_by_a[0].lease.is_valid()
+    });
+    assert!(held_by_a.iter().all(|f| !f.lease.is_valid()));
     match a.next_frame(Some(Duration::from_secs(5))) {
         Err(Error::Refused(why)) => assert!(why.contains("more than its share"), "{why}"),
         r => panic!("a was not told why: {:?}", r.map(|f| f.map(|f| f.seq))),
     }
-    assert!(a2.lease.revoked().unwrap().contains("more than its share"));
-    assert!(b3.lease.is_valid() && c6.lease.is_valid());
-    assert!(filled_with(&b3, 3) && filled_with(&c6, 6));
+    assert!(held_by_a[1]
+        .lease
+        .revoked()
+        .unwrap()
+        .contains("more than its share"));
+    assert!(b4.lease.is_valid() && b7.lease.is_valid() && c8.lease.is_valid());
+    assert!(filled_with(&b4, 4) && filled_with(&b7, 7) && filled_with(&c8, 8));
     drop(cam);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -182,10 +182,10 @@ impl Subscriber {
             // Late past the window already (the stream paused, or we came late): sleep.
             return Ok(None);
         }
-        if self.waiting.always_wake.load(Ordering::Relaxed) {
-            // The doorbell rings for every frame (the caller polls it too): what it said of
-            // frames taken already must not end the sleep below at once.
-            self.waiting.ready.drain();
+        if self.waiting.always_wake.load(Ordering::Relaxed) && !self.waiting.ready.drain() {
+            // (The doorbell rings for every frame, the caller polls it too: what it said of
+            // frames taken already must not end the sleep below at once.)
+            return Ok(Some(self.doorbell_closed()));
         }
         // Awake half the budget before the frame is due, the timer's slack allowed for.
         let wake_at = due.saturating_sub(half + self.waiting.slack_ns);
@@ -284,10 +284,10 @@ impl Subscriber {
     #[link_section = ".text.hot.gpushm"]
     fn wait_blocking(&mut self, wake: BorrowedFd<'_>, timeout: Option<Duration>) -> Result<Wait> {
         let always = self.waiting.always_wake.load(Ordering::Relaxed);
-        if !always {
+        if !always && !self.waiting.ready.drain() {
             // Cleared before asking, not after waking: the system call is then off the way
             // of the next frame. A wake-up written from here on stays readable for poll.
-            self.waiting.ready.drain();
+            return Ok(self.doorbell_closed());
         }
         let ch = &self.releaser.ch;
         // Ask for a wake-up, then look once more: a frame delivered before the producer saw
@@ -312,10 +312,32 @@ impl Subscriber {
         if socket_readable {
             self.waiting.socket_ready = true;
         }
-        if always && matches!(r, Wait::Ready) {
-            // The caller's own poll sees the descriptor: readable only while news may wait.
-            self.waiting.ready.drain();
+        // The caller's own poll sees the descriptor: readable only while news may wait.
+        if always && matches!(r, Wait::Ready) && !self.waiting.ready.drain() {
+            return Ok(self.doorbell_closed());
         }
         Ok(r)
+    }
+
+    /// The producer closed its end of the frame-ready doorbell, which stays readable for
+    /// good (polling on would spin). A producer that exits closes it with its socket: what
+    /// the socket says (EOS, the end) is read, after waiting a moment for it to close too.
+    /// One that keeps its socket open and closed only the doorbell is broken, and gone for us.
+    #[cold]
+    #[inline(never)]
+    fn doorbell_closed(&mut self) -> Wait {
+        // SAFETY: the socket is ours while `self` lives.
+        let sock = unsafe { BorrowedFd::borrow_raw(self.conn.raw_fd()) };
+        let mut pfd = [PollFd::new(sock, PollFlags::POLLIN)];
+        let _ = nix::poll::poll(&mut pfd, nix::poll::PollTimeout::from(100u16));
+        if let Err(e) = self.pump() {
+            self.announced.gone.get_or_insert(e);
+        }
+        if !self.announced.eos {
+            self.announced.gone.get_or_insert(Error::protocol(
+                "the producer closed its end of the frame-ready doorbell",
+            ));
+        }
+        Wait::Ready
     }
 }
