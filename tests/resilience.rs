@@ -21,7 +21,13 @@ fn now() -> u64 {
 
 /// A live pattern producer (until killed) at `fps`.
 fn producer(sock: &Path, fps: u32, width: u32, height: u32) -> Proc {
+    producer_with(sock, fps, width, height, &[])
+}
+
+/// [`producer`] with more pattern_producer options.
+fn producer_with(sock: &Path, fps: u32, width: u32, height: u32, extra: &[&str]) -> Proc {
     let mut p = example("pattern_producer");
+    p.args(extra);
     p.args([
         "--socket",
         sock.to_str().unwrap(),
@@ -214,10 +220,18 @@ fn eight_consumers_one_frozen_the_others_keep_full_rate() {
     let _serial = serial();
     let dir = tmpdir();
     let sock = dir.path().join("eight.sock");
-    let fps = 50;
-    let mut p = producer(&sock, fps, 320, 240);
+    let fps = 25;
     // Consumer 0 is leaky and gets frozen; the seven others are lossless, so "full rate"
-    // means every frame, at the producer's pace.
+    // means every frame, at the producer's pace. They are waited for up to a second (a live
+    // producer waits one frame time by default, which a consumer of a machine whose cores
+    // are busy can miss now and then: that skip would be the machine's, not the frozen one's).
+    let mut p = producer_with(
+        &sock,
+        fps,
+        320,
+        240,
+        &["--sink-prop", "max-wait=1000000000"],
+    );
     let mut cs: Vec<Proc> = (0..8)
         .map(|i| {
             consumer(
@@ -276,9 +290,11 @@ fn eight_consumers_one_frozen_the_others_keep_full_rate() {
                 w[1]
             );
         }
+        // Held up by the frozen one, the producer would have sent a third of them (it was
+        // frozen for 2 s of 3): more than 60 % is the producer's pace on any machine.
         let span = n.last().unwrap() - n.first().unwrap() + 1;
         assert!(
-            span * 10 >= expected * 8,
+            span * 10 >= expected * 6,
             "consumer {i} got {span} frames in {elapsed:?}: the producer was held up"
         );
     }
