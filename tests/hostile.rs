@@ -1033,6 +1033,165 @@ fn a_producer_that_closes_the_frame_doorbell_is_gone_for_its_consumer() {
     drop((conn, ch));
 }
 
+/// A client that rings its slot-released doorbell in a loop (the doorbell says a release
+/// waits, while the producer waits for one): each ring used to cost the connection thread a
+/// round of work under the engine's lock, up to a core for as long as it went on. Now a ring
+/// for nothing (nobody waits) stops the polling of that doorbell until the next wait: the
+/// producer stops reading it, which the flooder sees as a full doorbell (a count the load of
+/// the machine cannot change), and the other consumer keeps every frame.
+#[test]
+fn a_client_ringing_its_release_doorbell_in_a_loop_is_not_heard() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("ring-flood.sock");
+    let mut p = producer(&sock, &[]);
+    let mut v = victim(&sock);
+    v.wait_line("FRAME ", Duration::from_secs(20));
+    let flooder = raw_connect(&sock, 0);
+    let (from, cpu0) = (now(), process_cpu_time(p.child.id()));
+    let chunk = [1u8; 4096];
+    let mut accepted = 0usize;
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        // What the producer does not read stays in the doorbell's buffer, which fills.
+        match nix::sys::socket::send(
+            flooder.release.as_raw_fd(),
+            &chunk,
+            nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(n) => accepted += n,
+            Err(_) => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    let (to, cpu1) = (now(), process_cpu_time(p.child.id()));
+    eprintln!(
+        "the doorbell took {} KiB in 3 s; producer at {:.0} % of a core",
+        accepted / 1024,
+        (cpu1 - cpu0).as_secs_f64() * 1e9 / (to - from) as f64 * 100.0
+    );
+    drop(flooder);
+    p.kill9();
+    let (_, out) = v.finish(Duration::from_secs(10));
+    assert_full_rate(&out, from, to);
+    // A socket's buffer (a few hundred KiB here), not the gigabytes a producer reading it
+    // would let through in 3 s.
+    assert!(
+        accepted < 8 << 20,
+        "the producer read {} MiB of rings in 3 s",
+        accepted >> 20
+    );
+}
+
+/// A producer that floods its socket with announcements (Caps, again and again, no frame):
+/// the consumer used to read them while any byte waited, past its timeout, deaf to an
+/// interrupt, at a core. Now it reads a bounded number a look, and a producer that sends
+/// hundreds of messages and no frame is broken: the wait ends at once with an error.
+#[test]
+fn a_producer_flooding_its_socket_cannot_hold_a_consumer_past_its_timeout() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake-flood.sock");
+    let fake = FakeProducer::new(&sock);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.clone();
+    let consumer = std::thread::spawn(move || {
+        let mut sub =
+            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
+        let first = sub.next_frame(Some(Duration::from_secs(10)));
+        tx.send(Ok(first.is_ok_and(|f| f.is_some()))).unwrap();
+        let start = Instant::now();
+        let r = sub.next_frame(Some(Duration::from_millis(500)));
+        tx.send(Err((r.err().map(|e| e.to_string()), start.elapsed())))
+            .unwrap();
+    });
+    let mut c = fake.accept();
+    fake.send(&mut c, 0, FrameMeta::default());
+    assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Ok(true));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = c.conn.send(
+                    &Message::Caps {
+                        caps_gen: 1,
+                        caps: String::new(),
+                    },
+                    &[],
+                );
+            }
+            c
+        })
+    };
+    let (why, took) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the consumer's wait ended")
+        .unwrap_err();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let c = flood.join().unwrap();
+    eprintln!("{why:?} after {took:?}");
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("flood")),
+        "{why:?}"
+    );
+    assert!(took < Duration::from_secs(5), "it waited {took:?}");
+    consumer.join().unwrap();
+    drop(c);
+}
+
+/// A producer that never takes back what its consumer releases: the consumer used to keep
+/// every release it could not write, 16 bytes a frame without end. It keeps a bounded number,
+/// then says the producer takes nothing back.
+#[test]
+fn a_producer_that_takes_nothing_back_cannot_grow_a_consumer_without_end() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake-noreclaim.sock");
+    let fake = FakeProducer::new(&sock);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.clone();
+    let consumer = std::thread::spawn(move || {
+        let mut sub =
+            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
+        let mut got = 0u64;
+        let r = loop {
+            match sub.next_frame(Some(Duration::from_secs(10))) {
+                Ok(Some(f)) => {
+                    got += 1;
+                    drop(f);
+                    tx.send(got).ok();
+                }
+                r => break r.map(|_| ()),
+            }
+        };
+        (got, r.err().map(|e| e.to_string()))
+    });
+    let mut c = fake.accept();
+    // Frames delivered as fast as the consumer takes them, releases never read.
+    let mut n = 0u64;
+    let mut taken = 0u64;
+    while !consumer.is_finished() && n < 20_000 {
+        if n < taken + 8 {
+            fake.send(&mut c, n, FrameMeta::default());
+            n += 1;
+        } else if let Ok(t) = rx.recv_timeout(Duration::from_millis(100)) {
+            taken = t;
+        }
+        while let Ok(t) = rx.try_recv() {
+            taken = t;
+        }
+    }
+    let (got, why) = consumer.join().unwrap();
+    eprintln!("{got} frames, then {why:?}");
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("takes back none")),
+        "{why:?} after {got} frames"
+    );
+    assert!(got < 5_000, "{got} frames given back into nowhere");
+    drop(c);
+}
+
 /// Connects a default subscriber to `sock` (5 s timeout) and takes one frame: how long the
 /// connection took, or why it failed.
 fn connect_and_take(sock: &Path) -> Result<Duration, String> {

@@ -109,6 +109,11 @@ static int produce(const char *sock, int n, int eos)
     o.width = W;
     o.height = H;
     o.slots = 4;
+    /* 5 fps in the caps (frames go out as fast as they are made, or every CAPI_TEST_WAKE_EARLY_MS):
+     * a lossless consumer is then waited for up to 200 ms (the publisher waits at most a
+     * frame's time, 40 ms at 30 fps), which a consumer on busy cores may need now and then. */
+    o.fps_n = 5;
+    o.fps_d = 1;
     /* CAPI_TEST_PUB_SPIN_US: the low-latency mode of the publisher's wait. */
     const char *spin = getenv("CAPI_TEST_PUB_SPIN_US");
     o.spin_us = spin ? (uint32_t)strtoul(spin, NULL, 10) : 0;

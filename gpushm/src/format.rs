@@ -280,6 +280,16 @@ impl FrameGeometry {
             }
             planes.push(p);
         }
+        // The first plane holds every line of the picture (luma, or the packed pixels), at
+        // one bit a pixel at least: a size beyond it is a producer's mistake or a lie, which
+        // a consumer looping over width and height would read past the frame for.
+        let first = planes[0];
+        if first.rows < meta.height || first.row_bytes as u64 * 8 < meta.width as u64 {
+            return Err(format!(
+                "frame size {}x{} does not fit its first plane ({} rows of {} bytes)",
+                meta.width, meta.height, first.rows, first.row_bytes
+            ));
+        }
         Ok(Self {
             format: format.to_string(),
             width: meta.width,
@@ -404,6 +414,17 @@ mod tests {
         m.n_planes = 5;
         assert!(FrameGeometry::of_frame(&m, &caps).is_err());
         m.n_planes = 1;
+        // A size the first plane cannot hold (a C consumer looping over it read past the
+        // frame): refused, whatever the planes say.
+        m.height = 4800;
+        assert!(FrameGeometry::of_frame(&m, &caps)
+            .unwrap_err()
+            .contains("does not fit"));
+        m.height = 48;
+        m.width = u32::MAX;
+        assert!(FrameGeometry::of_frame(&m, &caps).is_err());
+        m.width = 64;
+        assert!(FrameGeometry::of_frame(&m, &caps).is_ok());
         assert!(
             FrameGeometry::of_frame(&m, "audio/x-raw, format=(string)S16LE")
                 .unwrap_err()

@@ -130,7 +130,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecBoolean::builder("allow-writable-ring")
             .nick("Allow writable ring")
-            .blurb("Give a writable ring descriptor to consumers that ask for one (their GPU cannot register read-only host memory). Off: every consumer gets the read-only ring, sealed so that no consumer can ever write to it, and such consumers' CUDA elements copy frames instead")
+            .blurb("Give a writable ring descriptor to consumers that ask for one (their GPU cannot register read-only host memory). Then the ring is not sealed against writes, and any consumer that asks can write every frame and slot descriptor the others read: a buggy or hostile one can break every consumer's stream. Turn it on only where every consumer is trusted. Off: every consumer gets the read-only ring, sealed so that no consumer can ever write to it, and such consumers' CUDA elements copy frames instead")
             .default_value(DEFAULT_ALLOW_WRITABLE_RING)
             .mutable_ready()
             .build(),

@@ -27,6 +27,10 @@ pub(super) struct Client {
     pub ready: Arc<shm::Doorbell>,
     /// Our end of its slot-released doorbell, polled by the connection thread.
     pub release: shm::Doorbell,
+    /// Whether the connection thread polls that doorbell: always while the producer waits for
+    /// releases (the only time it is rung for), otherwise until it rings for nothing once. A
+    /// client that rings it in a loop then costs one round per wait, not one per ring.
+    pub release_armed: bool,
     /// What it asked for.
     pub mode: Delivery,
     /// Whether it is waited for: its mode applied to the stream (caps, live), as of the
@@ -168,10 +172,6 @@ impl Clients {
         self.list.iter_mut().find(|c| c.id == id)
     }
 
-    pub fn get(&self, id: u32) -> Option<&Client> {
-        self.list.iter().find(|c| c.id == id)
-    }
-
     /// The id the next client gets.
     pub fn next_id(&self) -> u32 {
         self.next_id
@@ -218,8 +218,9 @@ impl Clients {
         }
         let now = self.release_waiters > 0;
         if before != now {
-            for c in &self.list {
+            for c in self.list.iter_mut() {
                 c.ch.set_producer_waits(now);
+                c.release_armed |= now;
             }
         }
     }

@@ -90,9 +90,12 @@ impl<P: Send + 'static> Server<P> {
             } else {
                 Some(inner.admission.next_at())
             };
+            let waits = inner.clients.producer_waits();
             for c in inner.clients.iter() {
                 raw.push((c.conn.raw_fd(), Kind::Socket(c.id)));
-                raw.push((c.release.as_raw_fd(), Kind::Release(c.id)));
+                if waits || c.release_armed {
+                    raw.push((c.release.as_raw_fd(), Kind::Release(c.id)));
+                }
             }
             for (i, p) in inner.admission.pending().iter().enumerate() {
                 raw.push((p.conn.raw_fd(), Kind::Pending(i)));
@@ -184,8 +187,13 @@ impl<P: Send + 'static> Server<P> {
                 Kind::Release(id) => {
                     // Releases of every client are taken below. A client that closed its end
                     // of the doorbell would keep it readable, and this thread polling, for
-                    // good: it has left.
-                    let open = inner.clients.get(id).map(|c| c.release.drain());
+                    // good: it has left. One that rings it while nobody waits for a slot rang
+                    // for nothing: it is not polled again until the next wait.
+                    let waits = inner.clients.producer_waits();
+                    let open = inner.clients.get_mut(id).map(|c| {
+                        c.release_armed &= waits;
+                        c.release.drain()
+                    });
                     if open == Some(false) {
                         self.drop_client(
                             inner,

@@ -322,6 +322,7 @@ fn welcome<P>(
         ch,
         ready: Arc::new(ready),
         release,
+        release_armed: true,
         mode: if flags & FLAG_LOSSLESS != 0 {
             Delivery::Lossless
         } else if flags & FLAG_AUTO != 0 {

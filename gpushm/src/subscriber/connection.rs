@@ -20,6 +20,15 @@ use crate::{Error, Result};
 /// Caps generations remembered for frames still queued from before a caps change.
 const CAPS_HISTORY: usize = 8;
 
+/// Messages handled per look at the socket at most: a producer that floods its socket keeps
+/// a waiting consumer no longer than this past its timeout or an interrupt.
+const MESSAGES_PER_PUMP: usize = 64;
+
+/// Messages a producer may send with no frame between them: a few announce each ring and
+/// caps (two for a caps change), EOS, its reason for cutting us. More is a flood, and the
+/// producer is treated as broken.
+const MESSAGES_WITHOUT_FRAME: u32 = 256;
+
 /// What the producer announced on the socket: the rings mapped (the newest and the one
 /// before, whose frames may still be queued), the caps of the last generations, EOS, and why
 /// it went away.
@@ -34,6 +43,8 @@ pub(super) struct Announced {
     pub device_memory: bool,
     /// A device ring announced by Ring, waiting for its DeviceMemory.
     pub device_pending: Option<ConsumerRing>,
+    /// Messages since the last frame taken (see [`MESSAGES_WITHOUT_FRAME`]).
+    pub since_frame: u32,
 }
 
 impl Announced {
@@ -46,6 +57,7 @@ impl Announced {
             writable: opts.writable_ring,
             device_memory: opts.device_memory,
             device_pending: None,
+            since_frame: 0,
         }
     }
 
@@ -59,12 +71,13 @@ impl Announced {
 }
 
 impl Subscriber {
-    /// Handles every message waiting on the socket.
+    /// Handles the messages waiting on the socket, [`MESSAGES_PER_PUMP`] at most (the socket
+    /// is then read again at the next look, whatever poll says).
     pub(super) fn pump(&mut self) -> Result<()> {
         if self.announced.gone.is_some() {
             return Ok(());
         }
-        loop {
+        for _ in 0..MESSAGES_PER_PUMP {
             let (msg, mut fds) = match self.conn.try_recv() {
                 Ok(Some(m)) => m,
                 Ok(None) => return Ok(()),
@@ -74,6 +87,13 @@ impl Subscriber {
                     return Ok(());
                 }
             };
+            self.announced.since_frame += 1;
+            if self.announced.since_frame > MESSAGES_WITHOUT_FRAME {
+                self.announced.gone = Some(Error::protocol(format!(
+                    "the producer sent over {MESSAGES_WITHOUT_FRAME} messages and no frame: a flood"
+                )));
+                return Ok(());
+            }
             match msg {
                 Message::Ring {
                     ring_gen,
@@ -163,6 +183,9 @@ impl Subscriber {
                 }
             }
         }
+        // More may wait: read again at the next look.
+        self.waiting.socket_ready = true;
+        Ok(())
     }
 
     /// The next frame if one is ready, without waiting: `Ok(None)` when none is (see
@@ -176,6 +199,11 @@ impl Subscriber {
             self.pump()?;
         }
         self.releaser.flush();
+        if self.releaser.stuck.load(Ordering::Relaxed) {
+            return Err(Error::protocol(
+                "the producer takes back none of the frames given back (its release queue stays full)",
+            ));
+        }
         let Some(e) = self.releaser.ch.take()? else {
             return match self.announced.gone.take() {
                 Some(err) if !self.announced.eos => Err(err),
@@ -200,6 +228,7 @@ impl Subscriber {
         };
         self.releaser.leases.fetch_add(1, Ordering::AcqRel);
         self.waiting.early_poll = true;
+        self.announced.since_frame = 0;
         let lease = SlotLease {
             entry: e,
             ring: ring.clone(),

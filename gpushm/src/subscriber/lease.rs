@@ -13,12 +13,21 @@ use crate::ring::frame::Entry;
 use crate::ring::shm;
 use crate::wire::{Conn, Message};
 
-/// Releases that could not be written yet because the release queue was full.
+/// Releases kept at most while the release queue is full: a producer that reads its release
+/// queue (every frame, and at least every 100 ms) never lets it fill for long; one that does
+/// not cannot make us keep every frame we give back.
+const BACKLOG_MAX: usize = 1024;
+
+/// Gives held frames back, through the release queue, and keeps what did not fit yet.
 pub(super) struct Releaser {
     pub(super) ch: ConsumerChannel,
     /// Rung after releases while the producer waits for slots.
     pub(super) efd: shm::Doorbell,
+    /// Releases that could not be written yet because the release queue was full.
     pub(super) backlog: Mutex<Vec<Entry>>,
+    /// The backlog reached [`BACKLOG_MAX`]: the producer takes nothing back, and what we give
+    /// back from then on is dropped.
+    pub(super) stuck: AtomicBool,
     /// Leases alive now: frames we reference and have not given back.
     pub(super) leases: AtomicUsize,
     /// Frames copied out of the ring instead of being kept zero-copy.
@@ -27,7 +36,7 @@ pub(super) struct Releaser {
     pub(super) cut: AtomicBool,
     /// Why, in the producer's words, once read from the socket.
     pub(super) reason: Mutex<Option<String>>,
-    /// After the [`Connection`] closed: its socket, owned by the leases (this struct) so that
+    /// After the subscriber closed: its socket, owned by the leases (this struct) so that
     /// the producer keeps our slots while they live. Read only for the reason the producer
     /// gives when it cut us.
     pub(super) closed_link: Mutex<Option<Conn>>,
@@ -39,6 +48,7 @@ impl Releaser {
             ch,
             efd,
             backlog: Mutex::new(Vec::new()),
+            stuck: AtomicBool::new(false),
             leases: AtomicUsize::new(0),
             copied: AtomicU64::new(0),
             cut: AtomicBool::new(false),
@@ -89,7 +99,11 @@ impl Releaser {
     pub(super) fn release(&self, e: Entry) {
         self.leases.fetch_sub(1, Ordering::AcqRel);
         let mut backlog = self.backlog.lock().unwrap_or_else(|p| p.into_inner());
-        backlog.push(e);
+        if backlog.len() < BACKLOG_MAX {
+            backlog.push(e);
+        } else {
+            self.stuck.store(true, Ordering::Relaxed);
+        }
         let wake = self.write(&mut backlog);
         drop(backlog);
         if wake {
