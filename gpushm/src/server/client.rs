@@ -208,8 +208,11 @@ impl Clients {
     }
 
     /// Counts a thread that starts (`true`) or stops waiting for slots to come back. While
-    /// one waits, clients write their slot-released doorbell after each release.
-    pub fn add_release_waiter(&mut self, start: bool) {
+    /// one waits, clients write their slot-released doorbell after each release. True when
+    /// the first one starts: the connection thread must then poll every doorbell (the caller
+    /// wakes it to look again).
+    #[must_use = "the first waiter wakes the connection thread"]
+    pub fn add_release_waiter(&mut self, start: bool) -> bool {
         let before = self.release_waiters > 0;
         if start {
             self.release_waiters += 1;
@@ -223,6 +226,7 @@ impl Clients {
                 c.release_armed |= now;
             }
         }
+        now && !before
     }
 
     /// Whether a thread waits for slots to come back now.

@@ -247,7 +247,10 @@ impl<P: Send + 'static> Server<P> {
                 // Clients wake the connection thread on releases from now on; what they
                 // released before they saw that is taken here.
                 waiting = true;
-                inner.clients.add_release_waiter(true);
+                if inner.clients.add_release_waiter(true) {
+                    // Its poll may not be watching the doorbells (rung for nothing before).
+                    shm::notify(&self.wake);
+                }
                 self.reclaim_locked(inner, back);
                 continue;
             }
@@ -275,7 +278,7 @@ impl<P: Send + 'static> Server<P> {
             }
         }
         if waiting {
-            guard.clients.add_release_waiter(false);
+            let _ = guard.clients.add_release_waiter(false);
         }
         guard
     }

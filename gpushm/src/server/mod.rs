@@ -211,7 +211,7 @@ pub struct ReleaseWait<'a, P: Send + 'static>(&'a Server<P>);
 impl<P: Send + 'static> Drop for ReleaseWait<'_, P> {
     fn drop(&mut self) {
         let mut inner = self.0.lock();
-        inner.clients.add_release_waiter(false);
+        let _ = inner.clients.add_release_waiter(false);
         inner.starvation.producer_waits(false, Instant::now());
     }
 }
@@ -525,13 +525,16 @@ impl<P: Send + 'static> Server<P> {
     /// guard lives, clients wake the connection thread on each release, which gives slots
     /// back as they come. What they released already is taken back at once.
     pub fn want_releases(&self) -> ReleaseWait<'_, P> {
-        {
+        let first = {
             let mut inner = self.lock();
-            inner.clients.add_release_waiter(true);
             inner.starvation.producer_waits(true, Instant::now());
+            inner.clients.add_release_waiter(true)
+        };
+        if first {
+            // The connection thread watches every doorbell from now on, and times the wait
+            // (see fairness::Starvation).
+            shm::notify(&self.wake);
         }
-        // The connection thread times the wait (see fairness::Starvation).
-        shm::notify(&self.wake);
         self.reclaim();
         let mut inner = self.lock();
         self.relieve_overcrowding(&mut inner);

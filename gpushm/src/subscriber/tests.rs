@@ -536,3 +536,53 @@ fn only_a_consumer_over_its_share_is_cut_and_its_frames_say_so() {
     drop(cam);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A lossless subscriber a little slower than a publisher sending flat out: the publisher
+/// waits for its releases at every budget, and each release's doorbell wakes it, not its
+/// max-wait running out. (A doorbell the connection thread had stopped watching after a ring
+/// for nothing left those waits to run out: frames skipped by the hundred, and a tenth of the
+/// rate.) On busy cores a wait may still run out now and then (the subscriber late by a whole
+/// max-wait, 40 ms): 1 % of the frames is the margin.
+#[test]
+fn a_flat_out_publisher_is_woken_by_every_release_it_waits_for() {
+    const N: u64 = 3000;
+    let dir = scratch("flat-out");
+    let layout = FrameLayout::new(VideoFormat::Gray8, 64, 48).unwrap();
+    let cam = Publisher::new(&dir.join("cam"), layout, (30, 1), 4, Config::default()).unwrap();
+    let path = dir.join("cam");
+    let consumer = std::thread::spawn(move || {
+        let opts = ConnectOptions {
+            mode: Delivery::Lossless,
+            ..Default::default()
+        };
+        let mut sub = Subscriber::connect(&path, opts).unwrap();
+        let mut offsets = Vec::new();
+        loop {
+            match sub.next_frame(Some(Duration::from_secs(10))) {
+                Ok(Some(f)) => {
+                    offsets.push(f.meta.offset);
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Ok(None) => break offsets,
+                Err(e) => panic!("after {} frames: {e}", offsets.len()),
+            }
+        }
+    });
+    until("the subscriber", || cam.num_clients() == 1);
+    for v in 0..N {
+        publish(&cam, v as u8);
+    }
+    cam.send_eos();
+    let offsets = consumer.join().unwrap();
+    let (stats, _) = cam.stats();
+    eprintln!("{} frames; {stats:?}", offsets.len());
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "in order");
+    assert!(
+        offsets.len() as u64 >= N - N / 100,
+        "{} of {N} frames",
+        offsets.len()
+    );
+    assert!(stats.times_lagged <= N / 100, "{stats:?}");
+    drop(cam);
+    std::fs::remove_dir_all(&dir).ok();
+}
