@@ -986,6 +986,34 @@ fn a_client_that_closes_its_release_doorbell_is_let_go() {
     assert_full_rate(&out, from, to);
 }
 
+/// What [`subscriber_waiting`]'s subscriber says: whether its first frame came, then how its
+/// wait for the next ended (the error, if it was one) and how long it took.
+type Heard = Result<bool, (Option<String>, Duration)>;
+
+/// A default subscriber of `sock`, in a thread: it takes one frame, then waits up to `wait`
+/// for the next, and says so on the channel returned.
+fn subscriber_waiting(
+    sock: &Path,
+    wait: Duration,
+) -> (
+    std::sync::mpsc::Receiver<Heard>,
+    std::thread::JoinHandle<()>,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = sock.to_owned();
+    let consumer = std::thread::spawn(move || {
+        let mut sub =
+            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
+        let first = sub.next_frame(Some(Duration::from_secs(10)));
+        tx.send(Ok(first.is_ok_and(|f| f.is_some()))).unwrap();
+        let start = Instant::now();
+        let r = sub.next_frame(Some(wait));
+        tx.send(Err((r.err().map(|e| e.to_string()), start.elapsed())))
+            .unwrap();
+    });
+    (rx, consumer)
+}
+
 /// Issue 48, the other way: a producer that closes its end of a consumer's frame-ready
 /// doorbell and keeps the connection. The consumer's end then polls readable for good: waiting
 /// for a frame used to spin until its timeout. The consumer now says the producer is gone
@@ -996,18 +1024,7 @@ fn a_producer_that_closes_the_frame_doorbell_is_gone_for_its_consumer() {
     let dir = tmpdir();
     let sock = dir.path().join("fake-closed.sock");
     let fake = FakeProducer::new(&sock);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = sock.clone();
-    let consumer = std::thread::spawn(move || {
-        let mut sub =
-            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
-        let first = sub.next_frame(Some(Duration::from_secs(10)));
-        tx.send(Ok(first.is_ok_and(|f| f.is_some()))).unwrap();
-        let start = Instant::now();
-        let r = sub.next_frame(Some(Duration::from_secs(10)));
-        tx.send(Err((r.err().map(|e| e.to_string()), start.elapsed())))
-            .unwrap();
-    });
+    let (rx, consumer) = subscriber_waiting(&sock, Duration::from_secs(10));
     let mut c = fake.accept();
     fake.send(&mut c, 0, FrameMeta::default());
     assert_eq!(
@@ -1092,18 +1109,7 @@ fn a_producer_flooding_its_socket_cannot_hold_a_consumer_past_its_timeout() {
     let dir = tmpdir();
     let sock = dir.path().join("fake-flood.sock");
     let fake = FakeProducer::new(&sock);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let path = sock.clone();
-    let consumer = std::thread::spawn(move || {
-        let mut sub =
-            gpushm::subscriber::Subscriber::connect(&path, Default::default()).expect("connect");
-        let first = sub.next_frame(Some(Duration::from_secs(10)));
-        tx.send(Ok(first.is_ok_and(|f| f.is_some()))).unwrap();
-        let start = Instant::now();
-        let r = sub.next_frame(Some(Duration::from_millis(500)));
-        tx.send(Err((r.err().map(|e| e.to_string()), start.elapsed())))
-            .unwrap();
-    });
+    let (rx, consumer) = subscriber_waiting(&sock, Duration::from_millis(500));
     let mut c = fake.accept();
     fake.send(&mut c, 0, FrameMeta::default());
     assert_eq!(rx.recv_timeout(Duration::from_secs(10)).unwrap(), Ok(true));
