@@ -539,6 +539,102 @@ fn b_frames_record_through_gpushm_as_in_one_process() {
     }
 }
 
+/// (PTS, DTS) of every sample of a QuickTime-family file (MP4, MOV), as qtdemux gives them.
+fn muxed_times(path: &Path) -> Vec<(u64, u64)> {
+    let p = gst::parse::launch(&format!(
+        "filesrc location={} ! qtdemux ! appsink name=out sync=false",
+        path.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let out = p
+        .by_name("out")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    p.set_state(gst::State::Playing).unwrap();
+    let mut v = Vec::new();
+    while let Some(s) = out.try_pull_sample(gst::ClockTime::from_seconds(10)) {
+        let b = s.buffer().unwrap();
+        let ns = |t: Option<gst::ClockTime>| t.expect("samples have PTS and DTS").nseconds();
+        v.push((ns(b.pts()), ns(b.dts())));
+    }
+    p.set_state(gst::State::Null).unwrap();
+    v
+}
+
+/// x264enc and jpegenc, live, behind a wait-for-connection gpushmsink, recorded by a lossless
+/// consumer started 1 s after the producer (its backlog comes in a burst): all 150 frames, no
+/// two with one PTS, and the PTS and DTS of each, relative to the first, exactly those of the
+/// same stream recorded in the producer's own process (three runs each). Before, frames of
+/// the burst were stamped at their publish moments, 1 ns apart at worst: duplicate PTS in
+/// the file, a span of 4.956 s instead of 4.967.
+#[test]
+fn a_live_recording_through_wait_for_connection_keeps_every_frame_time() {
+    init();
+    let _g = serial();
+    const SOURCE: &str = "videotestsrc is-live=true num-buffers=150 pattern=ball \
+                          ! video/x-raw,width=320,height=240,framerate=30/1";
+    for (enc, mux) in [
+        (
+            "x264enc key-int-max=30 threads=1 ! h264parse",
+            "h264parse ! mp4mux",
+        ),
+        ("jpegenc", "image/jpeg ! qtmux"),
+    ] {
+        let dir = tmpdir();
+        // The same stream recorded in one process (its own run: a branch of the producer's
+        // pipeline would change how the producer waits).
+        let reference = dir.path().join("ref.mp4");
+        let (rs, rout) = Proc::spawn(
+            gst_launch(&format!(
+                "-e {SOURCE} ! {enc} ! {mux} ! filesink location={}",
+                reference.display()
+            )),
+            "reference",
+        )
+        .finish(Duration::from_secs(60));
+        assert!(rs.success(), "{rout:?}");
+        let want = muxed_times(&reference);
+        assert_eq!(want.len(), 150, "{enc}");
+        for run in 0..3 {
+            let sock = dir.path().join(format!("rec{run}.sock"));
+            let got = dir.path().join(format!("got{run}.mp4"));
+            run_pair(
+                &sock,
+                &format!("{SOURCE} ! {enc} ! gpushmsink socket-path={{sock}} wait-for-connection=true"),
+                &format!(
+                    "-e gpushmsrc socket-path={{sock}} mode=lossless ! {mux} ! filesink location={}",
+                    got.display()
+                ),
+                Duration::from_secs(1),
+            );
+            let have = muxed_times(&got);
+            assert_eq!(have.len(), 150, "run {run}, {enc}: frames lost");
+            let mut pts: Vec<u64> = have.iter().map(|t| t.0).collect();
+            pts.sort_unstable();
+            pts.dedup();
+            assert_eq!(
+                pts.len(),
+                150,
+                "run {run}, {enc}: frames sharing a PTS: {have:?}"
+            );
+            let rel = |v: &[(u64, u64)]| -> Vec<(i64, i64)> {
+                let d0 = v[0].1 as i64;
+                v.iter()
+                    .map(|&(p, d)| (p as i64 - d0, d as i64 - d0))
+                    .collect()
+            };
+            assert_eq!(
+                rel(&have),
+                rel(&want),
+                "run {run}, {enc}: (pts, dts) through gpushm against in one process"
+            );
+        }
+    }
+}
+
 /// The same through a producer pipeline on a clock that starts near 0 (as an audio device's
 /// does): x264enc's first DTS, before the base time, keep their times (before, they were
 /// published without one). The producer runs here, the consumer is another process.

@@ -96,6 +96,17 @@ pub const LIVE_HOLD_PERCENT: u32 = 10;
 /// See [`LIVE_HOLD_PERCENT`].
 pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 
+/// The first consumers of a `wait-for-connection` producer (those connected when its wait
+/// ended) get the backlog it delivers next (what its live source made while it waited, see
+/// [`crate::time::is_backlog`]) whatever their mode: they are waited for as lossless ones
+/// are, up to this long for each frame (a producer delivering a backlog is behind real time
+/// already), until a frame comes on time. A consumer that takes the frames slower than they
+/// come, so that the producer falls [`BACKLOG_GROWTH`] further behind than the wait left it,
+/// is under real pressure: from then on each is served as its mode says.
+pub const BACKLOG_MAX_WAIT: Duration = Duration::from_secs(1);
+/// See [`BACKLOG_MAX_WAIT`].
+pub const BACKLOG_GROWTH: Duration = Duration::from_millis(200);
+
 /// The smallest budget (frames a client may reference at once), however many clients share
 /// the ring: one kept zero-copy and one in flight.
 pub const CROWDED_BUDGET: usize = 2;

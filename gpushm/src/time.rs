@@ -25,17 +25,20 @@
 //!   place it at 0. A consumer started after a `wait-for-connection` producer stamped its first
 //!   frames, or one joining a non-live stream, gets the producer's spacing from its first
 //!   frame: no clamping, nothing piled at 0.
-//! - **Live producers never run ahead of real time**: a frame of a live producer that maps
-//!   after its own publish moment (the producer waited, e.g. for its first consumer, and its
-//!   source jumped ahead) lowers `J` so that it maps at its publish moment, never before the
-//!   frame mapped last (decode order): the gap shows, flagged DISCONT, timestamps keep
-//!   increasing. (Known limit: a live producer that delivers a backlog in a burst, a queue
-//!   before a `wait-for-connection` gpushmsink, has that burst stamped at its publish moments,
-//!   1 ns apart at worst, rather than with its spacing.)
-//! - **Non-live producers keep their timestamps**, ahead of real time included (a file read
-//!   flat out with sync=false): a syncing consumer plays them at their pace (and holds a
-//!   lossless producer to it), a consumer with sync=false gets them strictly increasing with
-//!   the producer's spacing. Beyond [`MAX_LEAD`] ahead they are lowered like live ones.
+//! - **The spacing is the producer's, to the nanosecond**, live or not, whatever the publish
+//!   moments were: `J` stays as fixed. Frames that arrive late (a backlog delivered in a
+//!   burst) keep their spacing and map before their arrival: what gives is latency, which the
+//!   consumer answers for ([`Mapped::late`]), not spacing. Frames that arrive early (the
+//!   backlog of a `wait-for-connection` producer, for a consumer that started after its first
+//!   frame) map after their arrival: a syncing sink plays them at their pace, the consumer
+//!   runs behind by the backlog.
+//! - **`J` moves only where the producer's times leave real time**, flagged DISCONT when it
+//!   moves by more than [`GAP`]: a live frame whose time jumped more than [`GAP`] further ahead
+//!   of its publish moment than the frame before (a source stamping on a clock that ran on
+//!   while the producer waited), or any frame more than [`MAX_LEAD`] ahead of its publish moment
+//!   (a file read flat out that nobody holds to a consumer's pace, bogus timestamps, a
+//!   backlog that long), is lowered to its publish moment, never back past the frame mapped
+//!   last. A syncing sink never waits more than [`MAX_LEAD`] for a frame.
 //! - PTS order is the producer's (B-frames); DTS travel as set. Decode order never goes
 //!   back: the producer's latency is fixed per connection, and a new connection (or a new
 //!   producer) maps after the last frame of the previous one ([`TimeMap::continuing`]).
@@ -43,8 +46,11 @@
 //! Examples (L = 40 ms, consumer started at monotonic 100 s):
 //! - live camera, frame stamped 100.010 s, published 100.050 s: running 0.050 s.
 //! - wait-for-connection producer, first frames stamped 90.000, 90.033 s: J = 9.96 s, they map
-//!   to 0 and 0.033 s; its next frame, stamped 100.100 s after the wait, maps 5 ms before its publish
-//!   moment (J lowered), DISCONT.
+//!   to 0 and 0.033 s; if its next frame is stamped 100.100 s after the wait (a source that stamps
+//!   on the clock), it maps 5 ms before its publish moment (J lowered), DISCONT; if it is
+//!   stamped 90.067 s (a source that catches up), it maps at 0.067 s.
+//! - live audio, 1024 samples a buffer: every PTS differs from the one before by exactly the
+//!   producer's, at any load (publish jitter never reaches them).
 //! - x264enc with B-frames: first DTS 66.7 ms before the first PTS: the DTS maps at 0 (or
 //!   later), the PTS 66.7 ms after it, as in the producer's pipeline.
 //! - producer pipeline on CLOCK_REALTIME: `clock_offset` ≈ 56 years, the times map as if it
@@ -55,24 +61,24 @@ use crate::ring::layout::NONE_U64;
 
 /// Producer pipeline latencies above this are taken as 0 (a broken or hostile value).
 pub const MAX_PRODUCER_LATENCY: u64 = 10_000_000_000;
-/// A live producer's frame may map this far after its publish moment (a system clock wakes
-/// up to 0.5 ms early) before the mapping is lowered.
-pub const FUTURE_TOLERANCE: i128 = 1_000_000;
-/// A lowered mapping places the frame this long before its publish moment, so that the
-/// jitter of a producer that publishes before its timestamps plus latency (a live source
-/// into a gpushmsink with sync=false) does not lower it again at every frame.
+/// A lowered mapping places the frame this long before its publish moment: with the
+/// latency the consumer answers, a syncing sink plays it at once.
 pub const LOWER_MARGIN: i128 = 5_000_000;
 /// A producer clock offset that moves more than this (the clock was stepped or slewed) is
 /// adopted; smaller moves are the jitter of reading two clocks.
 pub const OFFSET_SLACK: i64 = 1_000_000;
-/// Lowering the mapping by more than this is a gap in the stream (the producer waited):
-/// the frame is flagged DISCONT.
+/// A live frame whose time runs this much further ahead of its publish moment than the frame
+/// before jumped (its source stamps on a clock that ran on while the producer waited): the
+/// mapping is lowered, and moving it by more than this is a gap, flagged DISCONT.
 pub const GAP: i128 = 1_000_000_000;
-/// A producer that is not live may run this far ahead of real time (a file read flat out):
-/// further ahead (nobody holds it to a consumer's pace, or its timestamps are bogus), the
+/// A frame may map this far after its publish moment (a file read flat out, paced by a
+/// syncing consumer; the backlog of a `wait-for-connection` producer): further ahead, the
 /// mapping is lowered to the publish moment, DISCONT, so that a syncing sink never waits
 /// longer than this.
 pub const MAX_LEAD: i128 = 5_000_000_000;
+/// A live frame published this much later than its time plus the producer's latency is part
+/// of a backlog the producer delivers late ([`is_backlog`]).
+pub const BACKLOG_SLACK: i128 = 20_000_000;
 
 /// A frame's times in the consumer's running time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +87,35 @@ pub struct Mapped {
     pub dts: Option<u64>,
     /// The mapping moved (a gap in the stream): flag the buffer DISCONT.
     pub discont: bool,
+    /// How long before its publish moment the frame maps (ns, 0 if at or after it): a
+    /// consumer whose sinks sync needs that much latency to play it on time.
+    pub late: u64,
+}
+
+/// How long after its time plus the producer's latency live frame `m` is published at
+/// `published_mono` (CLOCK_MONOTONIC, ns; negative: before). `None` for a frame that is not
+/// live or has no time. Values from anyone: never overflows.
+pub fn lateness(m: &FrameMeta, published_mono: u64) -> Option<i128> {
+    let t = if m.dts_clock != NONE_U64 {
+        m.dts_clock
+    } else {
+        m.pts_clock
+    };
+    if !m.live || t == NONE_U64 {
+        return None;
+    }
+    let latency = match m.latency {
+        l if l > MAX_PRODUCER_LATENCY => 0,
+        l => l as i128,
+    };
+    Some(published_mono as i128 - (t as i128 - m.clock_offset as i128 + latency))
+}
+
+/// Whether `m`, published at `published_mono`, is a live frame published more than
+/// [`BACKLOG_SLACK`] late ([`lateness`]): part of a backlog (a producer that waited for its
+/// first consumer and delivers what its source made meanwhile, or one that stalled).
+pub fn is_backlog(m: &FrameMeta, published_mono: u64) -> bool {
+    lateness(m, published_mono).is_some_and(|l| l > BACKLOG_SLACK)
 }
 
 /// The mapping of one connection (see the module docs). A new connection, or a new producer,
@@ -100,6 +135,9 @@ pub struct TimeMap {
     offset: Option<i64>,
     /// The last decode-order time mapped (running time, ns).
     last: Option<i128>,
+    /// How far after its publish moment the last frame mapped (ns): a live frame that maps
+    /// more than [`GAP`] further ahead jumped.
+    last_ahead: Option<i128>,
 }
 
 impl TimeMap {
@@ -138,6 +176,7 @@ impl TimeMap {
                 pts: None,
                 dts: None,
                 discont: false,
+                late: 0,
             };
         };
         let earliest = pts.map_or(order, |p| p.min(order));
@@ -152,8 +191,9 @@ impl TimeMap {
         let mut discont = false;
         let now = published_mono - base_mono;
         let ahead = natural(order) + join - now;
-        if (m.live && ahead > FUTURE_TOLERANCE) || ahead > MAX_LEAD {
-            // Ahead of real time: lowered to the publish moment, never back past the last.
+        let jumped = m.live && self.last_ahead.is_some_and(|a| ahead - a > GAP);
+        if jumped || ahead > MAX_LEAD {
+            // Left real time: lowered to the publish moment, never back past the last.
             let target = self
                 .last
                 .map_or(now - LOWER_MARGIN, |l| (now - LOWER_MARGIN).max(l + 1));
@@ -169,11 +209,15 @@ impl TimeMap {
         }
         let run = |t: i128| natural(t) + join;
         self.last = Some(run(order));
+        self.last_ahead = Some(run(order) - now);
+        // Sinks sync on the PTS: how late that is, at its publish moment.
+        let late = (now - run(pts.unwrap_or(order))).clamp(0, u64::MAX as i128) as u64;
         let clamp = |t: i128| Some(t.clamp(0, (u64::MAX - 1) as i128) as u64);
         Mapped {
             pts: pts.and_then(|p| clamp(run(p))),
             dts: dts.and_then(|d| clamp(run(d))),
             discont,
+            late,
         }
     }
 }
@@ -258,8 +302,8 @@ mod tests {
         );
         assert_eq!(next.pts, Some(135 * MS));
         assert!(next.discont);
-        // A live producer publishing before its timestamps plus latency (sync=false): lowered
-        // once, then kept, with no DISCONT for it.
+        // A live producer publishing before its timestamps plus latency (sync=false): its
+        // spacing, no DISCONT.
         let mut t = TimeMap::new();
         let mut discont = 0;
         let mut last = 0;
@@ -278,6 +322,82 @@ mod tests {
             last = r.pts.unwrap();
         }
         assert_eq!(discont, 0);
+    }
+
+    #[test]
+    fn a_live_backlog_keeps_its_spacing_and_says_how_late_it_is() {
+        let base = 100 * S as i128;
+        // wait-for-connection, consumer started 10 s after the first frame: the backlog comes
+        // in a burst, 0.1 ms apart, and keeps its 33.3 ms spacing from 0.
+        let mut t = TimeMap::new();
+        for k in 0..60u64 {
+            let ts = 90 * S + k * 1_000_000_000 / 30;
+            let r = t.map(
+                &frame(ts, NONE_U64, true),
+                base,
+                (100 * S + k * 100_000) as i128,
+            );
+            assert_eq!(r.pts, Some(k * 1_000_000_000 / 30), "frame {k}");
+            assert!(!r.discont);
+        }
+        // Consumer there from the start, producer stalled for 2 s then caught up: the frames
+        // keep their spacing, map before their arrival, and say by how much.
+        let mut t = TimeMap::new();
+        let first = t.map(
+            &frame(100 * S, NONE_U64, true),
+            base,
+            (100 * S + 40 * MS) as i128,
+        );
+        assert_eq!((first.pts, first.late), (Some(40 * MS), 0));
+        let stalled = t.map(
+            &frame(100 * S + 33 * MS, NONE_U64, true),
+            base,
+            (102 * S + 73 * MS) as i128,
+        );
+        assert_eq!(stalled.pts, Some(73 * MS));
+        assert_eq!(stalled.late, 2 * S);
+        assert!(!stalled.discont);
+    }
+
+    #[test]
+    fn live_audio_keeps_its_spacing_at_any_publish_jitter() {
+        let base = 100 * S as i128;
+        let mut t = TimeMap::new();
+        let mut last = None;
+        // 1024 samples at 48 kHz, published up to 30 ms late or 20 ms early (sync=false).
+        for k in 0..2000u64 {
+            let ts = 101 * S + k * 1024 * S / 48_000;
+            let jitter = (k * 7919 % 50) as i128 * MS as i128 - 20 * MS as i128;
+            let published = ts as i128 + 40 * MS as i128 + jitter;
+            let r = t.map(&frame(ts, NONE_U64, true), base, published);
+            let p = r.pts.unwrap();
+            if let Some((lp, lts)) = last {
+                assert_eq!(p - lp, ts - lts, "buffer {k}");
+            }
+            assert!(!r.discont);
+            last = Some((p, ts));
+        }
+    }
+
+    #[test]
+    fn a_backlog_is_a_live_frame_published_after_its_time_and_latency() {
+        let mut m = frame(100 * S, NONE_U64, true);
+        assert!(!is_backlog(&m, 100 * S + 40 * MS));
+        assert!(!is_backlog(&m, 100 * S + 55 * MS));
+        assert!(is_backlog(&m, 100 * S + 100 * MS));
+        // DTS first (B-frames), another clock, not live, no time, hostile latency.
+        m.dts_clock = 99 * S;
+        assert!(is_backlog(&m, 100 * S + 40 * MS));
+        m.clock_offset = -(S as i64);
+        assert!(!is_backlog(&m, 100 * S + 40 * MS));
+        m.live = false;
+        assert!(!is_backlog(&m, 200 * S));
+        let mut m = frame(NONE_U64, NONE_U64, true);
+        assert!(!is_backlog(&m, 200 * S));
+        m.pts_clock = u64::MAX - 1;
+        m.latency = u64::MAX;
+        m.clock_offset = i64::MIN;
+        assert!(!is_backlog(&m, u64::MAX));
     }
 
     #[test]

@@ -102,6 +102,7 @@ impl GpuShmSrc {
                 let t_caps = gpushm::monotonic_ns();
                 #[cfg(feature = "stages")]
                 let mut stage_times;
+                let segment;
                 let latency_changed = {
                     let st = guard.as_mut().ok_or(gst::FlowError::Flushing)?;
                     let b = buffer.make_mut();
@@ -109,6 +110,7 @@ impl GpuShmSrc {
                         self.add_cuda_meta(dev, b, &f);
                     }
                     st.timestamps.timestamp(&timing, b, &f);
+                    segment = st.timestamps.first_segment(&timing, b);
                     if discont {
                         b.set_flags(gst::BufferFlags::DISCONT);
                     }
@@ -127,6 +129,12 @@ impl GpuShmSrc {
                     st.timestamps.take_latency_changed()
                 };
                 drop(guard);
+                if let Some(s) = segment {
+                    // Before this buffer, in place of GstBaseSrc's own first segment.
+                    if let Err(e) = self.obj().new_segment(s.upcast_ref()) {
+                        gst::warning!(CAT, imp = self, "the first segment: {e}");
+                    }
+                }
                 if latency_changed {
                     let _ = self
                         .obj()

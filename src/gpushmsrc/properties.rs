@@ -141,7 +141,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecBoolean::builder("producer-live")
             .nick("Producer is live")
-            .blurb("Whether the producer's pipeline is live, as its newest frame says. A live producer's frames are stamped about when it published them, never later; a producer that is not live keeps its own timestamps, ahead of real time included (a file read flat out), so a syncing consumer plays them at their pace")
+            .blurb("Whether the producer's pipeline is live, as its newest frame says. A live producer's frames are stamped about when it published them (its backlog, after a wait-for-connection start or a stall, keeps its spacing: earlier frames come late, and the latency this source answers grows to cover them); a producer that is not live keeps its own timestamps, ahead of real time included (a file read flat out), so a syncing consumer plays them at their pace. Either way the spacing of the timestamps is the producer's, to the nanosecond")
             .read_only()
             .build(),
     ]

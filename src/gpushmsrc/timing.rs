@@ -17,18 +17,28 @@ pub const PUBLISH_TIMESTAMP_CAPS: &str = "timestamp/x-gpushm-publish";
 /// stamped about when its producer published it, so it needs only the time to reach us and
 /// be pushed.
 const ANSWERED_LATENCY: u64 = 5_000_000;
+/// Frames of a backlog keep their spacing and map before their publish moment
+/// ([`gpushm::time::Mapped::late`]): the latency answered grows to cover the latest seen, in
+/// steps of this (one Latency message a step)...
+const LATENCY_STEP: u64 = 10_000_000;
+/// ... up to this: later still is a stall, not the stream's pace (syncing sinks play such
+/// frames late, or drop them as they would in one process).
+const MAX_ANSWERED_LATENCY: u64 = 1_000_000_000;
 
 /// create() reads [`Timing`] again when a frame came more than this after it asked.
 pub(super) const TIMING_STALE_NS: u64 = 100_000_000;
 
 /// The latency to answer: none when buffers are stamped on arrival (do-timestamp=true),
 /// otherwise [`ANSWERED_LATENCY`]: frames are stamped about when they were published (the
-/// producer's latency is in their timestamps, see the gpushm crate's `time` module).
-fn latency(does_timestamp: bool) -> u64 {
-    if does_timestamp {
-        0
-    } else {
-        ANSWERED_LATENCY
+/// producer's latency is in their timestamps, see the gpushm crate's `time` module), more if
+/// frames came `late` (a backlog, see [`LATENCY_STEP`]).
+fn latency(does_timestamp: bool, late: u64) -> u64 {
+    match (does_timestamp, late) {
+        (true, _) => 0,
+        (false, l) if l <= ANSWERED_LATENCY => ANSWERED_LATENCY,
+        (false, l) => {
+            (l.min(MAX_ANSWERED_LATENCY) + ANSWERED_LATENCY).next_multiple_of(LATENCY_STEP)
+        }
     }
 }
 
@@ -75,6 +85,11 @@ pub(super) struct Timestamps {
     serial: u64,
     /// The latency this source last answered (ns).
     answered_latency: Option<u64>,
+    /// The most a frame mapped before its publish moment (ns): the latency needed to play
+    /// every frame on time.
+    late: u64,
+    /// The segment starting at the first buffer went out (see `first_segment`).
+    segment_started: bool,
     /// The latency changed since the pipeline last asked: post a Latency message.
     latency_changed: bool,
 }
@@ -88,6 +103,8 @@ impl Timestamps {
             last_pts: None,
             serial: 0,
             answered_latency: None,
+            late: 0,
+            segment_started: false,
             latency_changed: false,
         }
     }
@@ -149,14 +166,44 @@ impl Timestamps {
         }
         b.set_pts(pts);
         b.set_dts(mapped.dts.map(gst::ClockTime::from_nseconds));
+        self.late = self.late.max(mapped.late);
         if mapped.discont {
             b.set_flags(gst::BufferFlags::DISCONT);
         }
     }
 
+    /// The segment to push before the first buffer `b`, stamped by [`Self::timestamp`]: it
+    /// starts at that buffer (its DTS, if earlier), with running time equal to the PTS as
+    /// before. The stream of this consumer starts there: elements that fill from the
+    /// segment's start to the first buffer (audiorate, videorate) add nothing that the
+    /// producer did not make, whenever the consumer joined.
+    pub(super) fn first_segment(
+        &mut self,
+        t: &Timing,
+        b: &gst::BufferRef,
+    ) -> Option<gst::FormattedSegment<gst::ClockTime>> {
+        if std::mem::replace(&mut self.segment_started, true)
+            || t.does_timestamp
+            || t.clock.is_none()
+            || t.base.is_none()
+        {
+            return None;
+        }
+        let start = match (b.pts(), b.dts()) {
+            (Some(p), Some(d)) => p.min(d),
+            (p, d) => p.or(d)?,
+        };
+        let mut segment = gst::FormattedSegment::<gst::ClockTime>::new();
+        segment.set_start(start);
+        segment.set_time(start);
+        segment.set_base(start);
+        segment.set_position(start);
+        Some(segment)
+    }
+
     /// The latency to answer the pipeline's LATENCY query with, kept to see it change.
     pub(super) fn answer_latency(&mut self, does_timestamp: bool) -> u64 {
-        let l = latency(does_timestamp);
+        let l = latency(does_timestamp, self.late);
         self.answered_latency = Some(l);
         l
     }
@@ -164,7 +211,7 @@ impl Timestamps {
     /// Notes that the pipeline must ask for our latency again, when it changed since it last
     /// asked (posted by create(), without the state lock).
     pub(super) fn post_latency_if_changed(&mut self, t: &Timing) {
-        let now = latency(t.does_timestamp);
+        let now = latency(t.does_timestamp, self.late);
         if self.answered_latency.is_some_and(|a| a != now) {
             self.answered_latency = Some(now);
             self.latency_changed = true;
@@ -185,6 +232,7 @@ impl Timestamps {
             self.last_pts,
             self.clock_offset,
             self.answered_latency,
+            self.late,
             self.clock_is_monotonic.as_ref().map(|c| c.1),
         ));
     }

@@ -2,9 +2,9 @@
 //! Test tool (the suite reads its output; see examples/ for code to copy): `gpushmsrc ! appsink`, with no caps given. It reports the caps it got, the
 //! delivered frame rate and the cross-process latency (from the producer's publish stamp to
 //! arrival here, both CLOCK_MONOTONIC), and with --verify checks every byte of every frame
-//! against the pattern of pattern_producer. PTS must never lie in the future of the pipeline's
-//! running time and never go backwards; with --exact-pts their spacing must also be the
-//! producer's (a producer that syncs to the clock).
+//! against the pattern of pattern_producer. PTS of a live producer must never lie further in
+//! the future of the pipeline's running time than gpushm's MAX_LEAD, and never go backwards;
+//! with --exact-pts their spacing must also be the producer's.
 //!
 //!     cargo run --release --example frame_checker -- --socket /tmp/pattern --verify
 //!
@@ -238,12 +238,14 @@ fn main() {
             }
             last_n = Some(n);
             let pts = buffer.pts();
-            // A live producer's frames are never in the future: a syncing sink must be able to
-            // play every frame. (One that is not live keeps its own timestamps, ahead of real
-            // time included: a syncing sink plays them at their pace.)
+            // A live producer's frames are never further in the future than the backlog of a
+            // wait-for-connection start, at most gpushm::time::MAX_LEAD: a syncing sink plays
+            // every frame without waiting longer. (One that is not live keeps its own
+            // timestamps, ahead of real time included: a syncing sink plays them at their pace.)
             let live = src.property::<bool>("producer-live");
+            let lead = gst::ClockTime::from_nseconds(gpushm::time::MAX_LEAD as u64);
             if let (Some(p), Some(r), true) = (pts, running, live) {
-                if p > r + gst::ClockTime::from_mseconds(1) {
+                if p > r + lead {
                     pts_errors += 1;
                     println!("PTS_IN_FUTURE n={n} pts={p} running_time={r}");
                 }

@@ -50,6 +50,10 @@ pub(super) struct Client {
     pub closed: bool,
     /// How long it may still hold a live producer up (`auto` only).
     pub hold: HoldCredit,
+    /// It ended a `wait-for-connection` wait and the producer has not published a frame on
+    /// time since: it gets the backlog as a lossless client would (see
+    /// [`crate::policy::BACKLOG_MAX_WAIT`]).
+    pub first_of_wait: bool,
     /// Since when it has frames waiting and took none (see
     /// [`crate::policy::STALLED_EVICT`]).
     pub stalled_since: Option<Instant>,

@@ -3,7 +3,9 @@
 //! client. A lossless client at its budget is waited for (up to the policy's max-wait, then it
 //! is lagging and served like a leaky one until it takes frames again; an `auto` client of a
 //! live stream only while it has hold credit); a leaky one keeps a short backlog and loses its
-//! oldest untaken frames, or this frame, rather than hold the producer up.
+//! oldest untaken frames, or this frame, rather than hold the producer up. The first consumers
+//! of a `wait-for-connection` producer are lossless, whatever their mode, for the backlog it
+//! delivers after its wait ([`crate::policy::BACKLOG_MAX_WAIT`]).
 
 use std::sync::{Arc, MutexGuard};
 use std::time::{Duration, Instant};
@@ -12,7 +14,10 @@ use super::client::Client;
 use super::slots::{give_back, Back};
 use super::stats::Stats;
 use super::{fairness, Event, Inner, Published, Server};
-use crate::policy::{zero_copy_limit, Policy, LEAKY_BACKLOG, LIVE_HOLD_BURST, LIVE_HOLD_PERCENT};
+use crate::policy::{
+    zero_copy_limit, Policy, BACKLOG_GROWTH, BACKLOG_MAX_WAIT, LEAKY_BACKLOG, LIVE_HOLD_BURST,
+    LIVE_HOLD_PERCENT,
+};
 use crate::ring::frame::{Entry, FrameMeta};
 use crate::ring::shm;
 use crate::Result;
@@ -52,10 +57,15 @@ impl<P: Send + 'static> Server<P> {
         wait_for_client: bool,
     ) -> Result<Published> {
         let mut guard = self.lock();
-        if wait_for_client {
+        if wait_for_client && guard.clients.open_count() == 0 {
             while guard.clients.open_count() == 0 && !guard.unlocked && !guard.shutdown {
                 guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
+            // Those that ended the wait get what the source made meanwhile.
+            for c in guard.clients.iter_mut().filter(|c| !c.closed) {
+                c.first_of_wait = true;
+            }
+            guard.stream.backlog_limit = None;
         }
         // Refused before any wait for lossless clients: the caller publishes a copy next, which
         // may wait once (a slot consumers hold is not released by waiting for them to take).
@@ -71,6 +81,14 @@ impl<P: Send + 'static> Server<P> {
                 guard.slots.count(),
                 guard.clients.open_count(),
             ),
+            ..policy
+        };
+        let backlog = backlog_goes_on(&mut guard, &meta);
+        let policy = Policy {
+            max_wait: match backlog {
+                true => policy.max_wait.max(BACKLOG_MAX_WAIT),
+                false => policy.max_wait,
+            },
             ..policy
         };
         let start = Instant::now();
@@ -371,6 +389,36 @@ impl<P: Send + 'static> Server<P> {
     }
 }
 
+/// Whether the first consumers of a wait-for-connection producer still get its backlog
+/// whole (see [`BACKLOG_MAX_WAIT`]) with frame `meta`: a frame on time ends it for each of
+/// them once it has taken all it was handed (served as leaky again with frames untaken, it
+/// could lose them); a backlog grown by [`BACKLOG_GROWTH`] ends it for all.
+fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
+    if !inner.clients.iter().any(|c| c.first_of_wait) {
+        return false;
+    }
+    let late = crate::time::lateness(meta, crate::monotonic_ns()).unwrap_or(0);
+    let limit = *inner
+        .stream
+        .backlog_limit
+        .get_or_insert(late.saturating_add(BACKLOG_GROWTH.as_nanos() as i128));
+    if late > limit {
+        // Held further behind than the wait left it: real pressure, not a backlog.
+        for c in inner.clients.iter_mut() {
+            c.first_of_wait = false;
+        }
+        return false;
+    }
+    if late <= crate::time::BACKLOG_SLACK {
+        for c in inner.clients.iter_mut().filter(|c| c.first_of_wait) {
+            // A position it moved out of bounds is reported when the frame is handed out.
+            let _ = c.ch.sync_taken();
+            c.first_of_wait = !c.closed && c.ch.pending_len() > 0;
+        }
+    }
+    inner.clients.iter().any(|c| c.first_of_wait)
+}
+
 /// Before a frame: each client's mode applied to the stream (and an `auto` client's hold
 /// credit), its budget written for it to read. True if a client may be full by the counts
 /// that decide its way, so that its releases must be read before the frame.
@@ -385,8 +433,9 @@ fn prepare<P>(
     let caps = inner.stream.caps.as_ref().map_or("", |c| c.1.as_str());
     let mut reclaim = false;
     for c in inner.clients.iter_mut() {
-        c.lossless = c.mode.lossless_for(live, caps);
-        if c.lossless && c.hold_bounded(live) {
+        // A first consumer of a wait-for-connection producer gets its backlog whole.
+        c.lossless = c.mode.lossless_for(live, caps) || c.first_of_wait;
+        if c.lossless && c.hold_bounded(live) && !c.first_of_wait {
             c.hold.refill(now);
             if c.hold.left.is_zero() {
                 // Held the live producer up for its share: this frame skips it if it has no

@@ -340,6 +340,7 @@ fn welcome<P>(
         device_memory: flags & FLAG_DEVICE_MEMORY != 0,
         closed: false,
         hold: HoldCredit::new(),
+        first_of_wait: false,
         stalled_since: None,
         taken_seen: 0,
     };

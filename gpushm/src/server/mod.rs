@@ -135,6 +135,10 @@ struct Stream {
     eos: bool,
     /// The seq of the next frame published.
     next_seq: u64,
+    /// How late (ns, see [`crate::time::lateness`]) a frame may be published while the first
+    /// consumers of a wait-for-connection producer get its backlog whole: fixed at the first
+    /// frame after the wait, see `deliver::backlog_goes_on`.
+    backlog_limit: Option<i128>,
 }
 
 struct Inner<P> {
@@ -243,6 +247,7 @@ impl<P: Send + 'static> Server<P> {
                     caps: None,
                     eos: false,
                     next_seq: 1,
+                    backlog_limit: None,
                 },
                 book: Book::new(),
                 wake: WakeUps::default(),
