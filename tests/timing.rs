@@ -363,13 +363,15 @@ fn live_audio_stays_sample_exact_joined_from_the_start_and_late() {
 
 /// The first consumer of a live wait-for-connection producer, started 1 s after it, a
 /// default consumer (mode=auto, leaky for live raw video): it gets all 90 frames, none
-/// dropped, with the producer's exact spacing, ten runs in a row. The source's backlog comes in
-/// a burst when it connects; before, the leaky consumer lost 12 to 32 of them.
+/// dropped, with the producer's exact spacing, ten runs in a row; and twice more with
+/// mode=leaky. The source's backlog comes in a burst when it connects; before, the leaky
+/// consumer lost 12 to 32 of them.
 #[test]
 fn the_first_consumer_of_a_live_wait_for_connection_producer_gets_every_frame() {
     init();
     let _g = serial();
-    for run in 0..10 {
+    for run in 0..12 {
+        let mode = if run < 10 { "mode=auto" } else { "mode=leaky" };
         let dir = tmpdir();
         let sock = dir.path().join("first.sock");
         let p = producer(
@@ -378,12 +380,68 @@ fn the_first_consumer_of_a_live_wait_for_connection_producer_gets_every_frame() 
             &sock,
         );
         std::thread::sleep(Duration::from_secs(1));
-        let (cs, out) = checker(&sock, &["--exact-pts"]).finish(Duration::from_secs(30));
+        let (cs, out) =
+            checker(&sock, &["--exact-pts", "--src-props", mode]).finish(Duration::from_secs(30));
         let (ps, pout) = p.finish(Duration::from_secs(30));
         assert!(ps.success() && cs.success(), "{pout:?}\n{out:?}");
         let s = fields(&out, "SUMMARY ");
-        assert_eq!(num(&s, "frames"), 90.0, "run {run}: {out:?}");
-        assert_eq!(num(&s, "dropped"), 0.0, "run {run}: {out:?}");
-        assert_eq!(num(&s, "pts_errors"), 0.0, "run {run}: {out:?}");
+        assert_eq!(num(&s, "frames"), 90.0, "run {run}, {mode}: {out:?}");
+        assert_eq!(num(&s, "dropped"), 0.0, "run {run}, {mode}: {out:?}");
+        assert_eq!(num(&s, "pts_errors"), 0.0, "run {run}, {mode}: {out:?}");
     }
+}
+
+/// A live producer that stalls for 400 ms (its source blocked once, then catching up in a
+/// burst), read by a lossless consumer started before it: every frame arrives with the
+/// producer's exact spacing, those after the stall late, and the latency the consumer answers
+/// grows to cover them (the 5 ms it answers for a stream on time, before as after the stall
+/// without this). What gives is latency, not spacing.
+#[test]
+fn a_stalled_live_producer_keeps_its_spacing_and_its_consumer_answers_the_latency() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("stall.sock");
+    let consumer = checker(&sock, &["--exact-pts", "--src-props", "mode=lossless"]);
+    std::thread::sleep(Duration::from_secs(1));
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc name=src is-live=true num-buffers=90 \
+         ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+         ! gpushmsink socket-path={}",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let pad = producer.by_name("src").unwrap().static_pad("src").unwrap();
+    let n = std::sync::atomic::AtomicU32::new(0);
+    pad.add_probe(gst::PadProbeType::BUFFER, move |_, _| {
+        if n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 29 {
+            std::thread::sleep(Duration::from_millis(400));
+        }
+        gst::PadProbeReturn::Ok
+    });
+    producer.set_state(gst::State::Playing).unwrap();
+    let msg = producer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    let (cs, out) = consumer.finish(Duration::from_secs(30));
+    producer.set_state(gst::State::Null).unwrap();
+    assert!(
+        matches!(
+            msg.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "{msg:?}"
+    );
+    assert!(cs.success(), "{out:?}");
+    let s = fields(&out, "SUMMARY ");
+    assert_eq!(num(&s, "frames"), 90.0, "{out:?}");
+    assert_eq!(num(&s, "pts_errors"), 0.0, "{out:?}");
+    let latency = num(&s, "src_latency_ns");
+    assert!(
+        (300e6..=1.01e9).contains(&latency),
+        "the consumer answers {latency} ns of latency after a 400 ms stall: {out:?}"
+    );
 }

@@ -65,7 +65,10 @@ gst_producer() {
 }
 # Starts the C producer at $1 ($2 frames, eos|hold), waits for READY.
 c_producer() {
-  "$work/capi_test" produce "$1" "$2" "$3" > "$work/producer.log" 2>&1 &
+  # Emptied here, not by the background job's redirection: that runs in the child, maybe
+  # after `await` has read the previous producer's READY (seen on busy cores).
+  : > "$work/producer.log"
+  "$work/capi_test" produce "$1" "$2" "$3" >> "$work/producer.log" 2>&1 &
   pids+=($!)
   await grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
 }
@@ -122,7 +125,8 @@ read -r cpu_a cpu_b < <(python3 -c 'import os; print(*sorted(os.sched_getaffinit
 pinned_c_producer() {
     local what=$1 sock=$work/$2.sock; shift 2
     rm -f "$sock"
-    env CAPI_TEST_WAKE_EARLY_MS=20 "$@" taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos > "$work/producer.log" 2>&1 &
+    : > "$work/producer.log"  # see c_producer
+    env CAPI_TEST_WAKE_EARLY_MS=20 "$@" taskset -c "$cpu_a" "$work/capi_test" produce "$sock" 30 eos >> "$work/producer.log" 2>&1 &
     pids+=($!)
     await grep -q READY "$work/producer.log" || fail "the C producer did not start: $(cat "$work/producer.log")"
     taskset -c "$cpu_b" gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless ! filesink location="$work/got.raw"

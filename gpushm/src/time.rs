@@ -193,10 +193,11 @@ impl TimeMap {
         let ahead = natural(order) + join - now;
         let jumped = m.live && self.last_ahead.is_some_and(|a| ahead - a > GAP);
         if jumped || ahead > MAX_LEAD {
-            // Left real time: lowered to the publish moment, never back past the last.
-            let target = self
-                .last
-                .map_or(now - LOWER_MARGIN, |l| (now - LOWER_MARGIN).max(l + 1));
+            // Left real time: lowered to the publish moment, never before 0 (a frame there
+            // would be clamped while the mapping kept the lower value: the next ones would
+            // come closer than their spacing) and never back past the last.
+            let target = (now - LOWER_MARGIN).max(0);
+            let target = self.last.map_or(target, |l| target.max(l + 1));
             let lowered = target - natural(order);
             discont = join - lowered > GAP;
             join = lowered;
@@ -488,6 +489,26 @@ mod tests {
             (100 * S + 10 * MS) as i128,
         );
         assert!(c.discont && c.pts.unwrap() > b.pts.unwrap() && c.pts.unwrap() < 3 * S);
+    }
+
+    #[test]
+    fn a_first_frame_far_ahead_is_lowered_no_further_than_0() {
+        // Not live, 30 s ahead (videotestsrc timestamp-offset=30 s), published 1 ms after the
+        // consumer started: lowered to 0, not to -4 ms, so that the next frames keep their
+        // 33.3 ms spacing from it.
+        let base = 100 * S as i128;
+        let mut t = TimeMap::new();
+        let pts: Vec<u64> = (0..3u64)
+            .map(|k| {
+                let r = t.map(
+                    &frame(130 * S + k * 1_000_000_000 / 30, NONE_U64, false),
+                    base,
+                    (100 * S + MS + k * 100_000) as i128,
+                );
+                r.pts.unwrap()
+            })
+            .collect();
+        assert_eq!(pts, vec![0, 33_333_333, 66_666_666]);
     }
 
     #[test]
