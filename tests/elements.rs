@@ -1904,3 +1904,80 @@ fn the_sink_answers_caps_queries_with_system_memory_only() {
     assert!(got.is_strictly_equal(&expected), "{got}");
     assert!(pad.query_accept_caps(&cuda));
 }
+
+/// What the property flags say is what the elements do. gpushmsink serves its socket from
+/// READY on (GstBaseSink starts in NULL to READY): its socket-path is flagged changeable in
+/// NULL only, and a change in READY is refused with a warning (the path stays the one it
+/// serves) instead of being kept silently for the next start. gpushmsrc connects when it
+/// starts (READY to PAUSED): a socket-path set in READY is the one it connects to.
+#[test]
+fn socket_paths_change_when_their_flags_say() {
+    init();
+    let dir = tmpdir();
+    let (a, b) = (dir.path().join("a.sock"), dir.path().join("b.sock"));
+    let sink = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", a.to_str().unwrap())
+        .build()
+        .unwrap();
+    let flags = sink.find_property("socket-path").unwrap().flags();
+    assert!(!flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{flags:?}");
+    let pipeline = gst::Pipeline::new();
+    let src = gst::ElementFactory::make("videotestsrc")
+        .property("is-live", true)
+        .build()
+        .unwrap();
+    pipeline.add_many([&src, &sink]).unwrap();
+    src.link(&sink).unwrap();
+    pipeline.set_state(gst::State::Ready).unwrap();
+    assert!(a.exists(), "the sink serves from READY on");
+    sink.set_property("socket-path", b.to_str().unwrap());
+    assert_eq!(
+        sink.property::<Option<String>>("socket-path").as_deref(),
+        a.to_str()
+    );
+    let warning = pipeline.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(5),
+        &[gst::MessageType::Warning],
+    );
+    match warning.as_ref().map(|m| m.view()) {
+        Some(gst::MessageView::Warning(w)) => assert!(
+            w.error()
+                .to_string()
+                .contains("only be changed in the NULL state"),
+            "{}",
+            w.error()
+        ),
+        other => panic!("no warning: {other:?}"),
+    }
+    // In NULL the change is taken.
+    pipeline.set_state(gst::State::Null).unwrap();
+    sink.set_property("socket-path", b.to_str().unwrap());
+    pipeline.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&b, Duration::from_secs(5));
+    // gpushmsrc: flagged changeable in READY, and taken there.
+    let consumer =
+        gst::parse::launch("gpushmsrc name=src num-buffers=3 timeout=5000000000 ! fakesink")
+            .unwrap()
+            .downcast::<gst::Pipeline>()
+            .unwrap();
+    let gsrc = consumer.by_name("src").unwrap();
+    let flags = gsrc.find_property("socket-path").unwrap().flags();
+    assert!(flags.contains(gst::PARAM_FLAG_MUTABLE_READY), "{flags:?}");
+    gsrc.set_property("socket-path", a.to_str().unwrap());
+    consumer.set_state(gst::State::Ready).unwrap();
+    gsrc.set_property("socket-path", b.to_str().unwrap());
+    consumer.set_state(gst::State::Playing).unwrap();
+    let msg = consumer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(20),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    consumer.set_state(gst::State::Null).unwrap();
+    pipeline.set_state(gst::State::Null).unwrap();
+    assert!(
+        matches!(
+            msg.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "gpushmsrc did not read 3 frames from the path set in READY: {msg:?}"
+    );
+}

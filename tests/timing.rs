@@ -445,3 +445,31 @@ fn a_stalled_live_producer_keeps_its_spacing_and_its_consumer_answers_the_latenc
         "the consumer answers {latency} ns of latency after a 400 ms stall: {out:?}"
     );
 }
+
+/// A producer that is not live whose first buffer lies 30 s ahead (videotestsrc
+/// timestamp-offset), flat out into a wait-for-connection gpushmsink: its consumer gets PTS
+/// 0, 33.3 and 66.7 ms. Before, the first frame was brought back below 0 and clamped there
+/// while the mapping kept the lower value: 0, 29.2, 62.6 ms (issue 50).
+#[test]
+fn a_producer_far_ahead_is_brought_back_to_0_with_its_spacing() {
+    init();
+    let _g = serial();
+    for run in 0..3 {
+        let dir = tmpdir();
+        let sock = dir.path().join("ahead.sock");
+        let p = producer(
+            "videotestsrc num-buffers=3 timestamp-offset=30000000000 \
+             ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+             ! gpushmsink socket-path={sock} sync=false wait-for-connection=true",
+            &sock,
+        );
+        let (cs, out) = checker(&sock, &[]).finish(Duration::from_secs(30));
+        let (ps, pout) = p.finish(Duration::from_secs(30));
+        assert!(ps.success() && cs.success(), "{pout:?}\n{out:?}");
+        assert_eq!(
+            frame_pts(&out),
+            vec![0, 33_333_333, 66_666_666],
+            "run {run}: {out:?}"
+        );
+    }
+}

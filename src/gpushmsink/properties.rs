@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use gst::glib;
 use gst::prelude::*;
+use gst::subclass::prelude::*;
 
 use super::imp::{GpuShmSink, State};
 use super::stats;
@@ -34,18 +35,28 @@ pub(super) const DEFAULT_WAKE_EARLY: bool = true;
 pub(super) const DEFAULT_WAKE_AHEAD_US: u32 = 120;
 const MAX_WAKE_AHEAD_US: u32 = gpushm::policy::MAX_WAKE_AHEAD.as_micros() as u32;
 
+/// Properties read when the element starts serving: GstBaseSink starts in the NULL to READY
+/// change. They carry no GST_PARAM_MUTABLE_* flag (changeable in NULL only), and a change while
+/// the element serves is refused with a warning rather than silently kept for the next start.
+const SET_IN_NULL: [&str; 6] = [
+    "socket-path",
+    "stream",
+    "perms",
+    "max-clients",
+    "allow-writable-ring",
+    "cuda-register",
+];
+
 /// The property specs, in the order gst-inspect-1.0 lists them.
 pub(super) fn specs() -> Vec<glib::ParamSpec> {
     vec![
         glib::ParamSpecString::builder("socket-path")
             .nick("Socket path")
             .blurb("Path of the unix socket consumers connect to (this or stream is required). A stale socket file left by a dead producer is replaced; a live producer on the path is an error.")
-            .mutable_ready()
             .build(),
         glib::ParamSpecString::builder("stream")
             .nick("Stream name")
             .blurb("Name of the stream, instead of socket-path: consumers connect with gpushmsrc stream=NAME. The socket is made in $GPUSHM_RUNTIME_DIR if set, else in this user's directory ($XDG_RUNTIME_DIR/gpushm, or /tmp/gpushm-UID, created 0700); a service publishes to /run/gpushm by setting GPUSHM_RUNTIME_DIR=/run/gpushm. Letters, digits and . _ - @ + :, at most 64. `gpushm list` shows the streams")
-            .mutable_ready()
             .build(),
         glib::ParamSpecBoolean::builder("wait-for-connection")
             .nick("Wait for connection")
@@ -58,7 +69,6 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .blurb("Permissions of the socket file (octal mode bits, e.g. 0600 = owner only, 0660 = group too)")
             .maximum(0o777)
             .default_value(DEFAULT_PERMS)
-            .mutable_ready()
             .build(),
         glib::ParamSpecUInt::builder("slots")
             .nick("Slots")
@@ -78,7 +88,6 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
         glib::ParamSpecEnum::builder_with_default("cuda-register", CudaRegister::Auto)
             .nick("CUDA registration")
             .blurb("When to register the rings with CUDA (once per ring) so that pool buffers carry GpuShmCudaMeta and CUDA elements upstream render into the slots. auto: only when an upstream element sets the pool option GstBufferPoolOptionGpuShmCudaMeta, so a process that does not use the GPU creates no CUDA context; always: whenever a GPU is found; never")
-            .mutable_ready()
             .build(),
         glib::ParamSpecEnum::builder_with_default("ring", RingPlacement::Auto)
             .nick("Ring placement")
@@ -126,13 +135,11 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .minimum(1)
             .maximum(4096)
             .default_value(DEFAULT_MAX_CLIENTS)
-            .mutable_ready()
             .build(),
         glib::ParamSpecBoolean::builder("allow-writable-ring")
             .nick("Allow writable ring")
             .blurb("Give a writable ring descriptor to consumers that ask for one (their GPU cannot register read-only host memory). Then the ring is not sealed against writes, and any consumer that asks can write every frame and slot descriptor the others read: a buggy or hostile one can break every consumer's stream. Turn it on only where every consumer is trusted. Off: every consumer gets the read-only ring, sealed so that no consumer can ever write to it, and such consumers' CUDA elements copy frames instead")
             .default_value(DEFAULT_ALLOW_WRITABLE_RING)
-            .mutable_ready()
             .build(),
         glib::ParamSpecUInt::builder("max-buffer-size")
             .nick("Max buffer size")
@@ -157,6 +164,17 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
 
 impl GpuShmSink {
     pub(super) fn set_property_value(&self, value: &glib::Value, pspec: &glib::ParamSpec) {
+        if SET_IN_NULL.contains(&pspec.name()) && matches!(*self.state(), State::Started { .. }) {
+            gst::element_imp_warning!(
+                self,
+                gst::LibraryError::Settings,
+                (
+                    "{} can only be changed in the NULL state: the element serves consumers from READY on, and this change would not reach them (set the pipeline to NULL first)",
+                    pspec.name()
+                )
+            );
+            return;
+        }
         let mut s = self.settings();
         match pspec.name() {
             "socket-path" => {
