@@ -64,6 +64,21 @@ fn stamp(line: &str) -> u64 {
         .unwrap_or_else(|| panic!("no t= in {line}"))
 }
 
+/// The consumer's next warning that its producer went away, within 5 s. Other warnings may
+/// come first (on busy cores, that downstream keeps its zero-copy frames): skipped.
+fn went_away_warning(c: &mut Proc) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let w = c.wait_line(
+            "WARNING ",
+            deadline.saturating_duration_since(std::time::Instant::now()),
+        );
+        if w.contains("went away") {
+            return w;
+        }
+    }
+}
+
 /// Frame numbers in `FRAME n=..` lines, asserting each one verified.
 fn frames(lines: &[String]) -> Vec<u64> {
     lines
@@ -122,7 +137,15 @@ fn killed_consumer_is_noticed_within_100ms_and_others_lose_no_frame() {
     let dir = tmpdir();
     let sock = dir.path().join("kill-consumer.sock");
     let shm_before = dev_shm();
-    let mut p = producer(&sock, 100, 320, 240);
+    // The lossless survivors are waited for up to a second (the default one frame time, which
+    // a consumer on busy cores can miss now and then, would make the machine's skips theirs).
+    let mut p = producer_with(
+        &sock,
+        100,
+        320,
+        240,
+        &["--sink-prop", "max-wait=1000000000"],
+    );
     let mut survivors: Vec<Proc> = (0..2)
         .map(|_| consumer(&sock, &["--lossless", "--no-reconnect"]))
         .collect();
@@ -178,11 +201,8 @@ fn killed_producer_is_noticed_within_100ms_and_a_new_one_is_picked_up() {
     c.wait_line("FRAME ", Duration::from_secs(10));
     first.kill9();
     let killed = now();
-    let warn = c.wait_line("WARNING ", Duration::from_secs(5));
-    assert!(
-        warn.contains("went away") && warn.contains("waiting for a producer"),
-        "{warn}"
-    );
+    let warn = went_away_warning(&mut c);
+    assert!(warn.contains("waiting for a producer"), "{warn}");
     let took = stamp(&warn).saturating_sub(killed);
     assert!(
         took < 100_000_000,
@@ -404,7 +424,7 @@ fn randomized_kill9_of_either_side_fifty_times() {
         std::thread::sleep(Duration::from_millis(rng.below(150)));
         q.kill9();
         let killed = now();
-        let warn = c.wait_line("WARNING ", Duration::from_secs(5));
+        let warn = went_away_warning(c);
         let took = stamp(&warn).saturating_sub(killed);
         assert!(
             took < 100_000_000,
