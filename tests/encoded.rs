@@ -444,24 +444,7 @@ fn a_default_consumer_of_a_wait_for_connection_producer_loses_nothing() {
 /// `make test` installs it).
 fn recorded_times(path: &Path) -> (Vec<(i64, i64)>, Option<usize>) {
     init();
-    let pull = |pipeline: &str| -> Vec<gst::Buffer> {
-        let p = gst::parse::launch(pipeline)
-            .unwrap()
-            .downcast::<gst::Pipeline>()
-            .unwrap();
-        let out = p
-            .by_name("out")
-            .unwrap()
-            .downcast::<gst_app::AppSink>()
-            .unwrap();
-        p.set_state(gst::State::Playing).unwrap();
-        let mut v = Vec::new();
-        while let Some(s) = out.try_pull_sample(gst::ClockTime::from_seconds(10)) {
-            v.push(s.buffer_owned().unwrap());
-        }
-        p.set_state(gst::State::Null).unwrap();
-        v
-    };
+    let pull = pull_buffers;
     let demux = format!("filesrc location={} ! qtdemux ! h264parse", path.display());
     let times: Vec<(i64, i64)> = pull(&format!(
         "{demux} ! video/x-h264,alignment=au ! appsink name=out sync=false"
@@ -539,15 +522,12 @@ fn b_frames_record_through_gpushm_as_in_one_process() {
     }
 }
 
-/// (PTS, DTS) of every sample of a QuickTime-family file (MP4, MOV), as qtdemux gives them.
-fn muxed_times(path: &Path) -> Vec<(u64, u64)> {
-    let p = gst::parse::launch(&format!(
-        "filesrc location={} ! qtdemux ! appsink name=out sync=false",
-        path.display()
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
+/// Every buffer the appsink named `out` of `pipeline` gets until EOS (or 10 s without one).
+fn pull_buffers(pipeline: &str) -> Vec<gst::Buffer> {
+    let p = gst::parse::launch(pipeline)
+        .unwrap()
+        .downcast::<gst::Pipeline>()
+        .unwrap();
     let out = p
         .by_name("out")
         .unwrap()
@@ -556,12 +536,24 @@ fn muxed_times(path: &Path) -> Vec<(u64, u64)> {
     p.set_state(gst::State::Playing).unwrap();
     let mut v = Vec::new();
     while let Some(s) = out.try_pull_sample(gst::ClockTime::from_seconds(10)) {
-        let b = s.buffer().unwrap();
-        let ns = |t: Option<gst::ClockTime>| t.expect("samples have PTS and DTS").nseconds();
-        v.push((ns(b.pts()), ns(b.dts())));
+        v.push(s.buffer_owned().unwrap());
     }
     p.set_state(gst::State::Null).unwrap();
     v
+}
+
+/// (PTS, DTS) of every sample of a QuickTime-family file (MP4, MOV), as qtdemux gives them.
+fn muxed_times(path: &Path) -> Vec<(u64, u64)> {
+    pull_buffers(&format!(
+        "filesrc location={} ! qtdemux ! appsink name=out sync=false",
+        path.display()
+    ))
+    .iter()
+    .map(|b| {
+        let ns = |t: Option<gst::ClockTime>| t.expect("samples have PTS and DTS").nseconds();
+        (ns(b.pts()), ns(b.dts()))
+    })
+    .collect()
 }
 
 /// x264enc and jpegenc, live, behind a wait-for-connection gpushmsink, recorded by a lossless
