@@ -100,12 +100,20 @@ pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 /// ended) get the backlog it delivers next (what its live source made while it waited, see
 /// [`crate::time::is_backlog`]) whatever their mode: they are waited for as lossless ones
 /// are, up to this long for each frame (a producer delivering a backlog is behind real time
-/// already), until a frame comes on time. A consumer that takes the frames slower than they
+/// already), until frames have come on time and each was taken before the next for
+/// [`BACKLOG_SETTLE`]. A consumer that takes the frames slower than they
 /// come, so that the producer falls [`BACKLOG_GROWTH`] further behind than the wait left it,
 /// is under real pressure: from then on each is served as its mode says.
 pub const BACKLOG_MAX_WAIT: Duration = Duration::from_secs(1);
 /// See [`BACKLOG_MAX_WAIT`].
 pub const BACKLOG_GROWTH: Duration = Duration::from_millis(200);
+/// How long a first consumer of a `wait-for-connection` producer keeps up with frames on time
+/// before it is served as its mode says (see [`BACKLOG_MAX_WAIT`]). Longer than the latency
+/// a consumer answers for the late start (gpushmsrc: at most 1 s and a 10 ms step): a syncing
+/// sink that raised its latency for the backlog holds more frames for that long, and the
+/// first frame on time is no sign it keeps up (served as leaky from there, a syncing
+/// `gpushmsrc` lost a frame in about half the runs on an idle machine).
+pub const BACKLOG_SETTLE: Duration = Duration::from_millis(1500);
 
 /// The smallest budget (frames a client may reference at once), however many clients share
 /// the ring: one kept zero-copy and one in flight.

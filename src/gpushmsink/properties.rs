@@ -60,7 +60,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecBoolean::builder("wait-for-connection")
             .nick("Wait for connection")
-            .blurb("Block the stream until at least one consumer is connected. The consumers connected then get every buffer from the first, whatever their mode, the backlog a live source made meanwhile included (waited for up to 1 s a frame, until a frame comes on time; one that takes them slower than they come is served as its mode says); consumers that join later get the stream from where it is")
+            .blurb("Block the stream until at least one consumer is connected. The consumers connected then get every buffer from the first, whatever their mode, the backlog a live source made meanwhile included (waited for up to 1 s a frame, until each has kept up with frames on time for 1.5 s; one that takes them slower than they come is served as its mode says); consumers that join later get the stream from where it is")
             .default_value(DEFAULT_WAIT_FOR_CONNECTION)
             .mutable_playing()
             .build(),

@@ -50,10 +50,13 @@ pub(super) struct Client {
     pub closed: bool,
     /// How long it may still hold a live producer up (`auto` only).
     pub hold: HoldCredit,
-    /// It ended a `wait-for-connection` wait and the producer has not published a frame on
-    /// time since: it gets the backlog as a lossless client would (see
+    /// It ended a `wait-for-connection` wait and has not yet kept up with frames on time for
+    /// [`crate::policy::BACKLOG_SETTLE`]: it gets the backlog as a lossless client would (see
     /// [`crate::policy::BACKLOG_MAX_WAIT`]).
     pub first_of_wait: bool,
+    /// Since when frames come on time and it took each before the next (while
+    /// `first_of_wait`).
+    pub on_time_since: Option<Instant>,
     /// Since when it has frames waiting and took none (see
     /// [`crate::policy::STALLED_EVICT`]).
     pub stalled_since: Option<Instant>,

@@ -15,8 +15,8 @@ use super::slots::{give_back, Back};
 use super::stats::Stats;
 use super::{fairness, Event, Inner, Published, Server};
 use crate::policy::{
-    zero_copy_limit, Policy, BACKLOG_GROWTH, BACKLOG_MAX_WAIT, LEAKY_BACKLOG, LIVE_HOLD_BURST,
-    LIVE_HOLD_PERCENT,
+    zero_copy_limit, Policy, BACKLOG_GROWTH, BACKLOG_MAX_WAIT, BACKLOG_SETTLE, LEAKY_BACKLOG,
+    LIVE_HOLD_BURST, LIVE_HOLD_PERCENT,
 };
 use crate::ring::frame::{Entry, FrameMeta};
 use crate::ring::shm;
@@ -64,6 +64,7 @@ impl<P: Send + 'static> Server<P> {
             // Those that ended the wait get what the source made meanwhile.
             for c in guard.clients.iter_mut().filter(|c| !c.closed) {
                 c.first_of_wait = true;
+                c.on_time_since = None;
             }
             guard.stream.backlog_limit = None;
         }
@@ -390,9 +391,10 @@ impl<P: Send + 'static> Server<P> {
 }
 
 /// Whether the first consumers of a wait-for-connection producer still get its backlog
-/// whole (see [`BACKLOG_MAX_WAIT`]) with frame `meta`: a frame on time ends it for each of
-/// them once it has taken all it was handed (served as leaky again with frames untaken, it
-/// could lose them); a backlog grown by [`BACKLOG_GROWTH`] ends it for all.
+/// whole (see [`BACKLOG_MAX_WAIT`]) with frame `meta`: it ends for each of them once frames
+/// have come on time and it took each before the next for [`BACKLOG_SETTLE`] (served as leaky
+/// again with frames untaken, or while its downstream still holds what the backlog made it
+/// hold, it could lose them); a backlog grown by [`BACKLOG_GROWTH`] ends it for all.
 fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
     if !inner.clients.iter().any(|c| c.first_of_wait) {
         return false;
@@ -409,11 +411,17 @@ fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
         }
         return false;
     }
-    if late <= crate::time::BACKLOG_SLACK {
-        for c in inner.clients.iter_mut().filter(|c| c.first_of_wait) {
-            // A position it moved out of bounds is reported when the frame is handed out.
-            let _ = c.ch.sync_taken();
-            c.first_of_wait = !c.closed && c.ch.pending_len() > 0;
+    let now = Instant::now();
+    for c in inner.clients.iter_mut().filter(|c| c.first_of_wait) {
+        // A position it moved out of bounds is reported when the frame is handed out.
+        let _ = c.ch.sync_taken();
+        if c.closed {
+            c.first_of_wait = false;
+        } else if late > crate::time::BACKLOG_SLACK || c.ch.pending_len() > 0 {
+            c.on_time_since = None;
+        } else {
+            let since = *c.on_time_since.get_or_insert(now);
+            c.first_of_wait = now.duration_since(since) < BACKLOG_SETTLE;
         }
     }
     inner.clients.iter().any(|c| c.first_of_wait)

@@ -341,6 +341,7 @@ fn welcome<P>(
         closed: false,
         hold: HoldCredit::new(),
         first_of_wait: false,
+        on_time_since: None,
         stalled_since: None,
         taken_seen: 0,
     };

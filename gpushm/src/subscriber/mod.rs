@@ -167,6 +167,12 @@ impl Subscriber {
         self.releaser.leases.load(Ordering::Acquire)
     }
 
+    /// Whether another frame seems to be waiting for us already (a hint, read without a
+    /// system call): a consumer that finds one as it takes a frame is behind.
+    pub fn has_frame(&self) -> bool {
+        self.releaser.ch.has_delivery()
+    }
+
     /// Frames to keep zero-copy at most (our budget less room for frames on their way).
     pub fn zero_copy_limit(&self) -> usize {
         crate::policy::zero_copy_limit(self.budget() as usize)

@@ -100,6 +100,11 @@ impl Worker {
         step
     }
 
+    /// Whether more frames wait in the ring than the one just read.
+    pub(super) fn behind(&self) -> bool {
+        self.link.current().is_some_and(|c| c.has_frame())
+    }
+
     /// The connection ended (or is given up for a writable one): the next step waits for a
     /// producer on the same path. Buffers of the old producer stay valid downstream: they
     /// keep their mapping alive.

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MPL-2.0
 //! gpushmsrc's reading of the ring: the streaming thread reads it itself while it waits in
 //! `create()` (one wake-up per frame), and a receiver thread connects and takes frames as they
-//! arrive whenever the streaming thread is away downstream for longer than [`GRACE`].
+//! arrive whenever the streaming thread is away downstream for longer than [`GRACE`], or went
+//! away leaving more frames in the ring than the one it took.
 //!
 //! Two rules keep downstream from ever stalling the stream or other consumers:
 //! - Frames are taken from the ring as they come (by the receiver thread while downstream
@@ -172,6 +173,12 @@ struct Queue {
     fired: u64,
     /// Threads waiting for downstream to drop a frame (only they need the wake-up).
     release_waiters: u32,
+    /// The streaming thread took a frame and left more in the ring (a backlog, or downstream
+    /// that runs behind): the receiver takes them now, not a [`GRACE`] later. Left there
+    /// while the streaming thread comes back within GRACE to pop what was queued, they were
+    /// never taken (a syncing sink 300 ms behind a wait-for-connection start held the
+    /// producer up until it dropped them).
+    behind: bool,
 }
 
 impl Queue {
@@ -476,7 +483,11 @@ impl Reader {
             self.shared.streaming_reads.store(false, Ordering::SeqCst);
             match step {
                 Step::Item(item) => {
+                    let behind = w.behind();
                     drop(w);
+                    if behind {
+                        self.hand_over();
+                    }
                     let mut q = self.shared.queue();
                     if q.stale(&item) {
                         // It came after the pipeline paused (create() was on its way out):
@@ -504,6 +515,14 @@ impl Reader {
         };
         self.shared.queue().leave();
         r
+    }
+
+    /// Wakes the receiver thread to read the ring now (see [`Queue::behind`]).
+    fn hand_over(&self) {
+        self.shared.queue().behind = true;
+        self.shared.cond.notify_all();
+        // Zero would disarm the timer.
+        let _ = self.arm(Duration::from_micros(1));
     }
 
     /// Flushing: `create()` returns at once, wherever it waits.
@@ -539,6 +558,9 @@ impl Reader {
                 loop {
                     if q.stopping {
                         return;
+                    }
+                    if std::mem::take(&mut q.behind) {
+                        break;
                     }
                     let wait = match q.away_since {
                         // The streaming thread waits for a frame: sleep until the timer it
