@@ -23,6 +23,8 @@ mod cpu_latency;
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;
+/// Tags and custom events as they travel from gpushmsink to gpushmsrc.
+pub mod events;
 pub mod geometry;
 mod gpushmsink;
 mod gpushmsrc;

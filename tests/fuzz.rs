@@ -41,10 +41,12 @@ const CORPUS: &[(&str, &[u8])] = corpus_files!(
     "ok-device-memory",
     "ok-eos",
     "ok-error",
+    "ok-event",
     "ok-hello",
     "ok-query",
     "ok-report",
     "ok-ring",
+    "ok-upstream",
     "ok-welcome",
 );
 
@@ -170,6 +172,14 @@ fn generate_corpus() -> Vec<(String, Vec<u8>)> {
         ("ok-close", Message::Close),
         ("ok-error", Message::Error { message: "protocol version 9 is not supported".into() }),
         ("ok-device-memory", Message::DeviceMemory { ring_gen: 2, gpu_uuid: [0xab; 16], size: 99614720 }),
+        (
+            "ok-event",
+            Message::Event { seq: 3, payload: "tag stream\ntaglist, title=(string)hello;".into() },
+        ),
+        (
+            "ok-upstream",
+            Message::Upstream { payload: "custom-upstream\nGstForceKeyUnit, all-headers=(boolean)true;".into() },
+        ),
     ];
     let mut files: Vec<(String, Vec<u8>)> = valid
         .iter()

@@ -115,6 +115,26 @@ pub const BACKLOG_GROWTH: Duration = Duration::from_millis(200);
 /// `gpushmsrc` lost a frame in about half the runs on an idle machine).
 pub const BACKLOG_SETTLE: Duration = Duration::from_millis(1500);
 
+/// Sticky events (the latest of each key: stream tags, global tags, sticky custom events by
+/// name) a producer keeps for consumers that join late, at most.
+pub const STICKY_EVENTS_MAX: usize = 32;
+/// Events a consumer keeps received and not yet handed out (they wait for the frame they
+/// precede) at most: past it the oldest go, so a producer that floods events without frames
+/// costs its consumers bounded memory.
+pub const EVENTS_KEPT_MAX: usize = 1024;
+/// And this many bytes of them at most (an event is up to 64 KiB).
+pub const EVENTS_KEPT_BYTES: usize = 4 << 20;
+
+/// Upstream events a consumer may send a producer a second by default (see
+/// [`crate::server::Server::set_upstream_rate`]): a late joiner asks for a keyframe once, a
+/// consumer cannot flood the producer's encoder.
+pub const UPSTREAM_EVENTS_PER_S: u32 = 10;
+/// A consumer's upstream budget fills up to this many seconds of its rate (a burst).
+pub const UPSTREAM_BURST_S: f64 = 1.0;
+/// Messages read from one client's socket per look at it: a client that floods its socket
+/// costs the connection thread no more than this before it serves the others.
+pub const CLIENT_MESSAGES_PER_LOOK: usize = 64;
+
 /// The smallest budget (frames a client may reference at once), however many clients share
 /// the ring: one kept zero-copy and one in flight.
 pub const CROWDED_BUDGET: usize = 2;

@@ -428,6 +428,14 @@ impl Publisher {
     pub fn send_eos(&self) {
         self.server.send_eos();
     }
+
+    /// Sends an event of the stream to every consumer, handed out with the next frame
+    /// published ([`crate::subscriber::Frame::events`]) or at the end
+    /// ([`crate::subscriber::Subscriber::take_events`]); with `sticky_key` consumers that
+    /// connect later get the latest of that key first. The payload is the application's own.
+    pub fn send_event(&self, payload: &str, sticky_key: Option<&str>) {
+        self.server.send_event(payload, sticky_key);
+    }
 }
 
 impl Drop for Publisher {

@@ -80,6 +80,8 @@ impl Frame {
             ptr,
             caps,
             lease,
+            // The producer's GStreamer events: nothing a Python reader of frames acts on.
+            events: _,
         } = f;
         let data = Arc::new(FrameData {
             meta,

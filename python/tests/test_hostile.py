@@ -15,7 +15,7 @@ import numpy as np
 
 import gpushm
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 HELLO, WELCOME = 1, 2
 # ClientHeader.consumer_waits in client block layout 6 (gpushm/src/layout.rs asserts the
 # offset); the test checks the block's version, so a new layout cannot leave it writing elsewhere.

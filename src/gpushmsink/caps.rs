@@ -35,6 +35,10 @@ pub(super) fn stream_kind(
     caps: &gst::CapsRef,
     cuda: bool,
 ) -> Result<Option<gst_video::VideoInfo>, String> {
+    if caps.is_any() {
+        // A stream without caps (fakesrc, appsrc without caps): bytes, as shmsink takes them.
+        return Ok(None);
+    }
     let (Some(st), Some(features)) = (caps.structure(0), caps.features(0)) else {
         return Err(format!("Caps {caps} describe no stream"));
     };

@@ -79,7 +79,8 @@ impl GpuShmSink {
             None => pool.ring().map_or(0, |r| r.slot_size() as u32),
         };
         let mut config = pool.config();
-        config.set_params(Some(caps), size, 0, 0);
+        // (A stream without caps, ANY, gives the pool none: a pool's caps must be fixed.)
+        config.set_params(Some(caps).filter(|c| c.is_fixed()), size, 0, 0);
         if info.is_some() {
             config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
         }

@@ -79,6 +79,7 @@ pub(super) struct Settings {
     pub(super) max_wait: i64,
     pub(super) client_budget: u32,
     pub(super) max_clients: u32,
+    pub(super) upstream_event_rate: u32,
     pub(super) allow_writable_ring: bool,
     pub(super) max_buffer_size: u32,
     pub(super) spin_us: u32,
@@ -99,6 +100,7 @@ impl Default for Settings {
             max_wait: DEFAULT_MAX_WAIT,
             client_budget: DEFAULT_CLIENT_BUDGET,
             max_clients: DEFAULT_MAX_CLIENTS,
+            upstream_event_rate: gpushm::policy::UPSTREAM_EVENTS_PER_S,
             allow_writable_ring: DEFAULT_ALLOW_WRITABLE_RING,
             max_buffer_size: DEFAULT_MAX_BUFFER_SIZE,
             spin_us: 0,
@@ -342,6 +344,7 @@ impl BaseSinkImpl for GpuShmSink {
                     obj.notify("num-clients");
                 }
                 Event::Info(m) => gst::info!(CAT, obj = obj, "{m}"),
+                Event::Upstream { id, payload } => super::events::pass_upstream(&obj, id, &payload),
                 Event::Lagging { id, waited, first } => {
                     if first {
                         gst::element_warning!(
@@ -393,6 +396,7 @@ impl BaseSinkImpl for GpuShmSink {
                 ("Cannot serve {}: {}", path.display(), e)
             )
         })?;
+        server.set_upstream_rate(s.upstream_event_rate);
         gst::debug!(CAT, imp = self, "listening on {}", path.display());
         // A CUDA context costs ≈100 MiB: only for cuda-register=always here, otherwise when
         // upstream asks (the pool option).
@@ -498,9 +502,12 @@ impl BaseSinkImpl for GpuShmSink {
                 self.direct.forget_position();
                 if let Some(s) = self.server() {
                     s.clear_eos();
+                    if event.type_() == gst::EventType::StreamStart {
+                        s.forget_sticky_events();
+                    }
                 }
             }
-            _ => {}
+            _ => self.forward_event(&event),
         }
         self.parent_event(event)
     }

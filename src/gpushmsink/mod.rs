@@ -8,6 +8,8 @@ mod caps;
 mod copy;
 /// The direct chain around GstBaseSink's chain function, its clipping and positions.
 mod direct;
+/// Tags and custom events passed on to consumers in order with the buffers.
+mod events;
 /// The element glue: Settings, State, GObject, GstElement and GstBaseSink methods.
 mod imp;
 /// The FrameMeta of a buffer: times on CLOCK_MONOTONIC, planes, time code.

@@ -136,6 +136,13 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .maximum(4096)
             .default_value(DEFAULT_MAX_CLIENTS)
             .build(),
+        glib::ParamSpecUInt::builder("upstream-event-rate")
+            .nick("Upstream event rate")
+            .blurb("Custom upstream events (force-key-unit included: a consumer that joins an encoded stream asks for a keyframe) taken from each consumer a second at most, with a burst of as many; the rest are dropped, so a consumer cannot flood the encoder. Taken events go upstream from the sink pad. 0 = refuse every consumer's upstream events")
+            .maximum(1000)
+            .default_value(gpushm::policy::UPSTREAM_EVENTS_PER_S)
+            .mutable_playing()
+            .build(),
         glib::ParamSpecBoolean::builder("allow-writable-ring")
             .nick("Allow writable ring")
             .blurb("Give a writable ring descriptor to consumers that ask for one (their GPU cannot register read-only host memory). Then the ring is not sealed against writes, and any consumer that asks can write every frame and slot descriptor the others read: a buggy or hostile one can break every consumer's stream. Turn it on only where every consumer is trusted. Off: every consumer gets the read-only ring, sealed so that no consumer can ever write to it, and such consumers' CUDA elements copy frames instead")
@@ -206,6 +213,14 @@ impl GpuShmSink {
                 self.apply_wake_ahead();
             }
             "max-clients" => s.max_clients = value.get().expect("type checked"),
+            "upstream-event-rate" => {
+                s.upstream_event_rate = value.get().expect("type checked");
+                let rate = s.upstream_event_rate;
+                drop(s);
+                if let Some(server) = self.server() {
+                    server.set_upstream_rate(rate);
+                }
+            }
             "allow-writable-ring" => s.allow_writable_ring = value.get().expect("type checked"),
             "max-buffer-size" => s.max_buffer_size = value.get().expect("type checked"),
             _ => unimplemented!(),
@@ -234,6 +249,7 @@ impl GpuShmSink {
             "wake-early" => self.wake_early.load(Ordering::Relaxed).to_value(),
             "wake-ahead-us" => self.wake_ahead_us.load(Ordering::Relaxed).to_value(),
             "max-clients" => self.settings().max_clients.to_value(),
+            "upstream-event-rate" => self.settings().upstream_event_rate.to_value(),
             "allow-writable-ring" => self.settings().allow_writable_ring.to_value(),
             "max-buffer-size" => self.settings().max_buffer_size.to_value(),
             "num-clients" => (self.server().map_or(0, |s| s.num_clients()) as u32).to_value(),

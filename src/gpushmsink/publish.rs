@@ -58,14 +58,15 @@ impl GpuShmSink {
             _ => Err(gst::FlowError::Flushing),
         };
         // One look at the state for everything a frame of our pool needs (see FramePath).
-        let (path, live) = match &*self.state() {
+        let found = match &*self.state() {
             State::Started {
                 caps: Some(_),
                 pool: Some(_),
                 live,
                 frames: Some(f),
                 ..
-            } => (f.clone(), *live),
+            } => Some((f.clone(), *live)),
+            State::Started { caps: None, .. } => None,
             _ => {
                 gst::element_imp_error!(
                     self,
@@ -74,6 +75,16 @@ impl GpuShmSink {
                 );
                 return Err(gst::FlowError::NotNegotiated);
             }
+        };
+        let Some((path, live)) = found else {
+            // A stream without caps: shared as bytes (consumers push them without caps, or
+            // with a capsfilter's), as shmsink does.
+            gst::info!(CAT, imp = self, "a buffer without caps: shared as bytes");
+            self.configure(&gst::Caps::new_any()).map_err(|e| {
+                e.log_with_imp(self);
+                gst::FlowError::NotNegotiated
+            })?;
+            return self.publish(buffer);
         };
         let FramePath {
             server,

@@ -32,6 +32,11 @@ impl GpuShmSrc {
             gst::FlowError::NotNegotiated
         })?;
         gst::info!(CAT, imp = self, "caps from the producer: {caps}");
+        if caps.is_any() {
+            // The producer's stream has no caps: its bytes go out without any, as shmsrc
+            // pushes them (a capsfilter downstream gives them caps).
+            return Ok(false);
+        }
         let shared = self.shared();
         if let Some(d) = device.filter(|_| gpushm::format::is_raw_video(caps_str)) {
             if let Some((pool, cuda_caps)) = self.cuda_output(&caps, d) {

@@ -44,6 +44,27 @@ impl GpuShmSrc {
         }
     }
 
+    /// Sends the producer's events on downstream. Before a buffer, tags and custom events go
+    /// through GstBaseSrc, which pushes them after the segment and before the buffer; at the
+    /// end (`last`), and for sticky custom events it does not take, straight on the pad.
+    fn send_producer_events(&self, events: Vec<gst::Event>, last: bool) {
+        let obj = self.obj();
+        for e in events {
+            gst::debug!(CAT, imp = self, "producer's event: {e:?}");
+            let ok = match last || e.type_() == gst::EventType::CustomDownstreamSticky {
+                true => obj.src_pad().push_event(e),
+                false => obj.send_event(e),
+            };
+            if !ok {
+                gst::debug!(
+                    CAT,
+                    imp = self,
+                    "downstream did not take the producer's event"
+                );
+            }
+        }
+    }
+
     /// The next buffer (or list: stream headers first) to push: waits for a frame.
     pub(super) fn next_buffer(&self) -> Result<CreateSuccess, gst::FlowError> {
         // Wait without the state lock: property reads and queries never wait for frames.
@@ -61,6 +82,7 @@ impl GpuShmSrc {
                 mut buffer,
                 details: mut f,
                 headers,
+                events,
             }) => {
                 if f.arrival_ns.saturating_sub(asked) > TIMING_STALE_NS {
                     timing = Timing::read(&self.obj());
@@ -135,6 +157,7 @@ impl GpuShmSrc {
                         gst::warning!(CAT, imp = self, "the first segment: {e}");
                     }
                 }
+                self.send_producer_events(events, false);
                 if latency_changed {
                     let _ = self
                         .obj()
@@ -174,7 +197,10 @@ impl GpuShmSrc {
                 }
                 Ok(CreateSuccess::NewBufferList(list))
             }
-            Item::Eos => Err(gst::FlowError::Eos),
+            Item::Eos(events) => {
+                self.send_producer_events(events, true);
+                Err(gst::FlowError::Eos)
+            }
             Item::Error(msg) => {
                 self.post_error_message(msg);
                 Err(gst::FlowError::Error)

@@ -392,6 +392,24 @@ impl BaseSrcImpl for GpuShmSrc {
         self.parent_decide_allocation(query)
     }
 
+    fn event(&self, event: &gst::Event) -> bool {
+        // Custom upstream events (force-key-unit included) are for the producer's pipeline.
+        match crate::events::encode_upstream(event) {
+            Some(Ok(p)) => match self.reader() {
+                Some(r) => {
+                    r.send_upstream(p);
+                    true
+                }
+                None => false,
+            },
+            Some(Err(why)) => {
+                gst::warning!(CAT, imp = self, "not sent to the producer: {why}");
+                false
+            }
+            None => self.parent_event(event),
+        }
+    }
+
     fn negotiate(&self) -> Result<(), gst::LoggableError> {
         // Caps are set from create() with each frame's caps; nothing to pick here.
         Ok(())

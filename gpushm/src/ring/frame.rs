@@ -37,6 +37,8 @@ pub struct FrameMeta {
     pub live: bool,
     /// The producer's pipeline clock less CLOCK_MONOTONIC, ns (see [`crate::time`]).
     pub clock_offset: i64,
+    /// The last event sent before this frame ([`crate::ring::layout::SlotDesc::events_seq`]).
+    pub events_seq: u32,
 }
 
 /// A frame's SMPTE time code (GstVideoTimeCode without its config's latest daily jam).

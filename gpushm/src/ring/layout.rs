@@ -127,7 +127,9 @@ pub struct SlotDesc {
     pub tc_field_count: AtomicU32,
     /// [`STREAM_LIVE`]: the producer's pipeline is live (it drops frames while it waits).
     pub stream_flags: AtomicU32,
-    pub _reserved1: AtomicU32,
+    /// The `seq` of the last Event message sent before this frame (0: none): the consumer
+    /// hands out the events up to it before the frame (see [`crate::wire`]).
+    pub events_seq: AtomicU32,
     /// Rows of each plane (raw video; 0: not published, e.g. a tiled format).
     pub plane_rows: [AtomicU32; MAX_PLANES],
     /// Visible bytes of one row of each plane (the rest of the stride is padding).

@@ -228,6 +228,7 @@ impl ProducerRing {
         }
         d.latency.store(m.latency, r);
         d.clock_offset.store(m.clock_offset as u64, r);
+        d.events_seq.store(m.events_seq, r);
         let tc = m.timecode.unwrap_or_default();
         let present = if m.timecode.is_some() { TC_PRESENT } else { 0 };
         d.tc_flags.store(present | tc.flags << 8, r);

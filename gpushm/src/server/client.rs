@@ -62,9 +62,35 @@ pub(super) struct Client {
     pub stalled_since: Option<Instant>,
     /// Frames it had taken when last looked at.
     pub taken_seen: u64,
+    /// Its upstream events: the budget left (see [`crate::policy::UPSTREAM_BURST_S`]), when
+    /// it was last refilled, and whether dropping one was logged.
+    pub upstream_tokens: f64,
+    pub upstream_at: Option<Instant>,
+    pub upstream_dropped: bool,
 }
 
 impl Client {
+    /// Takes one upstream event from its budget of `rate` a second (a token bucket of
+    /// [`crate::policy::UPSTREAM_BURST_S`] seconds, full at first): false if none is left.
+    pub fn take_upstream_token(&mut self, rate: u32, now: Instant) -> bool {
+        if rate == 0 {
+            return false;
+        }
+        let cap = (rate as f64 * crate::policy::UPSTREAM_BURST_S).max(1.0);
+        self.upstream_tokens = match self.upstream_at {
+            None => cap,
+            Some(t) => {
+                (self.upstream_tokens + now.duration_since(t).as_secs_f64() * rate as f64).min(cap)
+            }
+        };
+        self.upstream_at = Some(now);
+        if self.upstream_tokens < 1.0 {
+            return false;
+        }
+        self.upstream_tokens -= 1.0;
+        true
+    }
+
     /// Frames this client references: handed over and not yet released.
     pub fn refs(&self) -> usize {
         self.ch.pending_len() + self.ch.held_len()

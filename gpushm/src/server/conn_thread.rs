@@ -180,7 +180,9 @@ impl<P: Send + 'static> Server<P> {
                         continue;
                     };
                     let stats = &mut inner.book.stats;
-                    if let Some(why) = read_socket(c, stats, &mut released, &mut inner.events) {
+                    let rate = self.upstream_rate();
+                    if let Some(why) = read_socket(c, stats, &mut released, &mut inner.events, rate)
+                    {
                         self.drop_client(inner, id, why);
                     }
                 }
@@ -249,18 +251,30 @@ impl<P: Send + 'static> Server<P> {
     }
 }
 
-/// Client `c`'s socket is readable. Clients send nothing after Hello but Close, once:
-/// readable means that, gone, or misbehaving. Returns why it must go, if it must; frames a
-/// closing client had not taken go to `released`.
+/// Client `c`'s socket is readable. Clients send nothing after Hello but Close, once, and
+/// upstream events (`rate` a second at most, the rest dropped; 0: all refused): readable
+/// means those, gone, or misbehaving. Returns why it must go, if it must; frames a closing
+/// client had not taken go to `released`.
 fn read_socket(
     c: &mut Client,
     stats: &mut Stats,
     released: &mut Vec<Entry>,
     events: &mut Vec<Event>,
+    rate: u32,
 ) -> Option<String> {
-    loop {
+    for _ in 0..crate::policy::CLIENT_MESSAGES_PER_LOOK {
         match c.conn.try_recv() {
             Ok(None) => return None,
+            Ok(Some((Message::Upstream { payload }, _))) => {
+                if c.take_upstream_token(rate, Instant::now()) {
+                    events.push(Event::Upstream { id: c.id, payload });
+                } else if !std::mem::replace(&mut c.upstream_dropped, true) {
+                    events.push(Event::Info(match rate {
+                        0 => format!("client {} sent an upstream event: refused (upstream events are off)", c.id),
+                        r => format!("client {} sends upstream events faster than {r} a second: the rest are dropped", c.id),
+                    }));
+                }
+            }
             Ok(Some((Message::Close, _))) if !c.closed => {
                 if let Err(e) = close_client(c, stats, released) {
                     return Some(e.to_string());
@@ -275,6 +289,8 @@ fn read_socket(
             Err(e) => return Some(e.to_string()),
         }
     }
+    // More waits: the socket stays readable, read again at the next look.
+    None
 }
 
 /// A client sent Close: it is served no more frames and never waited for; what was delivered

@@ -150,6 +150,7 @@ impl<P: Send + 'static> Server<P> {
         let seq = inner.stream.next_seq;
         inner.stream.next_seq += 1;
         meta.caps_gen = inner.stream.caps.as_ref().map_or(0, |c| c.0);
+        meta.events_seq = inner.stream.events_seq;
         meta.publish_ns = crate::monotonic_ns();
         if let Some(ring) = inner.slots.current() {
             ring.publish(slot, seq, &meta);

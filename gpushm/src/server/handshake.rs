@@ -342,10 +342,22 @@ fn welcome<P>(
         hold: HoldCredit::new(),
         first_of_wait: false,
         on_time_since: None,
+        upstream_tokens: 0.0,
+        upstream_at: None,
+        upstream_dropped: false,
         stalled_since: None,
         taken_seen: 0,
     };
     send_ring_and_caps(inner, &c)?;
+    for (_, seq, payload) in &inner.stream.sticky {
+        c.conn.send(
+            &Message::Event {
+                seq: *seq,
+                payload: payload.clone(),
+            },
+            &[],
+        )?;
+    }
     if inner.stream.eos {
         c.conn.send(&Message::Eos, &[])?;
     }

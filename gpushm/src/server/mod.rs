@@ -97,6 +97,11 @@ pub enum Event {
         id: u32,
         reason: String,
     },
+    /// Client `id` sent an upstream event (within its rate): the producer's pipeline gets it.
+    Upstream {
+        id: u32,
+        payload: String,
+    },
     /// A client closed: it takes no more frames and keeps those it holds (`held`) until it
     /// releases them; then it is disconnected.
     Closed {
@@ -135,6 +140,11 @@ struct Stream {
     eos: bool,
     /// The seq of the next frame published.
     next_seq: u64,
+    /// The seq of the last Event sent (0: none yet); each frame carries the one before it.
+    events_seq: u32,
+    /// The latest event of each sticky key (seq, payload), sent to a client as it connects:
+    /// what a consumer that joins late needs to know of the stream (its tags).
+    sticky: Vec<(String, u32, String)>,
     /// How late (ns, see [`crate::time::lateness`]) a frame may be published while the first
     /// consumers of a wait-for-connection producer get its backlog whole: fixed at the first
     /// frame after the wait, see `deliver::backlog_goes_on`.
@@ -206,6 +216,8 @@ pub struct Server<P: Send + 'static> {
     reaper: Mutex<std::sync::mpsc::Sender<Box<dyn Send>>>,
     /// The connection thread's id (0 until it runs), for tests that watch it.
     connection_tid: AtomicI32,
+    /// See [`Server::set_upstream_rate`].
+    upstream_rate: std::sync::atomic::AtomicU32,
 }
 
 /// See [`Server::want_releases`]: clients stop waking the producer for each release when
@@ -247,6 +259,8 @@ impl<P: Send + 'static> Server<P> {
                     caps: None,
                     eos: false,
                     next_seq: 1,
+                    events_seq: 0,
+                    sticky: Vec::new(),
                     backlog_limit: None,
                 },
                 book: Book::new(),
@@ -267,6 +281,7 @@ impl<P: Send + 'static> Server<P> {
             thread: Mutex::new(None),
             reaper: Mutex::new(reap_tx),
             connection_tid: AtomicI32::new(0),
+            upstream_rate: std::sync::atomic::AtomicU32::new(crate::policy::UPSTREAM_EVENTS_PER_S),
         });
         let handle = conn_thread::spawn(Arc::downgrade(&server))?;
         *server.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
@@ -390,6 +405,64 @@ impl<P: Send + 'static> Server<P> {
             self.drop_client(&mut inner, id, why);
         }
         self.unlock_and_emit(inner);
+    }
+
+    /// Sends an event of the stream (its payload is the caller's encoding, see [`crate::wire`])
+    /// to every client: each hands it out before the frames published after this call. With
+    /// `sticky_key`, it also replaces what is kept under that key for clients that connect
+    /// later ([`crate::policy::STICKY_EVENTS_MAX`] keys at most: past it the oldest goes).
+    pub fn send_event(&self, payload: &str, sticky_key: Option<&str>) {
+        let mut inner = self.lock();
+        let seq = inner.stream.events_seq.wrapping_add(1).max(1);
+        inner.stream.events_seq = seq;
+        if let Some(key) = sticky_key {
+            let sticky = &mut inner.stream.sticky;
+            sticky.retain(|(k, _, _)| k != key);
+            if sticky.len() >= crate::policy::STICKY_EVENTS_MAX {
+                sticky.remove(0);
+            }
+            sticky.push((key.to_string(), seq, payload.to_string()));
+        }
+        let msg = Message::Event {
+            seq,
+            payload: payload.to_string(),
+        };
+        let len = crate::wire::HEADER_LEN + 8 + payload.len();
+        let (mut failed, mut missed) = (Vec::new(), Vec::new());
+        for c in inner.clients.open() {
+            if !c.conn.has_room(len) {
+                // It does not read its socket for now: it misses this event, not its stream.
+                missed.push(c.id);
+            } else if let Err(e) = c.conn.send(&msg, &[]) {
+                failed.push((c.id, e.to_string()));
+            }
+        }
+        for (id, why) in failed {
+            self.drop_client(&mut inner, id, why);
+        }
+        for id in missed {
+            inner.events.push(Event::Info(format!(
+                "client {id} does not read its socket: it misses an event of the stream \
+                 (tags or a custom event)"
+            )));
+        }
+        self.unlock_and_emit(inner);
+    }
+
+    /// Consumers' upstream events taken a second per consumer at most (0: none; see
+    /// [`crate::policy::UPSTREAM_EVENTS_PER_S`]).
+    pub fn set_upstream_rate(&self, per_s: u32) {
+        self.upstream_rate.store(per_s, Ordering::Relaxed);
+    }
+
+    pub(crate) fn upstream_rate(&self) -> u32 {
+        self.upstream_rate.load(Ordering::Relaxed)
+    }
+
+    /// Forgets the events kept for clients that connect later: a new stream starts, and
+    /// what described the old one (its tags) does not describe it.
+    pub fn forget_sticky_events(&self) {
+        self.lock().stream.sticky.clear();
     }
 
     /// A new stream starts (flush or restart after EOS).

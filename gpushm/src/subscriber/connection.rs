@@ -35,6 +35,12 @@ const MESSAGES_WITHOUT_FRAME: u32 = 256;
 pub(super) struct Announced {
     pub rings: VecDeque<Arc<ConsumerRing>>,
     pub caps: VecDeque<(u32, Arc<str>)>,
+    /// Events received and not handed out yet, oldest first (see [`crate::wire`]).
+    pub events: VecDeque<(u32, Arc<str>)>,
+    /// The seq of the newest event received (or given up on).
+    pub events_seen: u32,
+    /// Bytes of `events`.
+    pub events_bytes: usize,
     pub eos: bool,
     pub gone: Option<Error>,
     /// We asked for a writable ring / can map GPU memory: only then may the producer send
@@ -52,6 +58,9 @@ impl Announced {
         Self {
             rings: VecDeque::new(),
             caps: VecDeque::new(),
+            events: VecDeque::new(),
+            events_seen: 0,
+            events_bytes: 0,
             eos: false,
             gone: None,
             writable: opts.writable_ring,
@@ -87,6 +96,23 @@ impl Subscriber {
                     return Ok(());
                 }
             };
+            if let Message::Event { seq, payload } = msg {
+                // Not counted as a flood: a stream may say much between frames (tags before
+                // the first); what is kept is bounded instead.
+                let a = &mut self.announced;
+                a.events_bytes += payload.len();
+                a.events.push_back((seq, payload.into()));
+                while a.events.len() > crate::policy::EVENTS_KEPT_MAX
+                    || a.events_bytes > crate::policy::EVENTS_KEPT_BYTES
+                {
+                    let Some(old) = a.events.pop_front() else {
+                        break;
+                    };
+                    a.events_bytes -= old.1.len();
+                }
+                self.announced.events_seen = seq;
+                continue;
+            }
             self.announced.since_frame += 1;
             if self.announced.since_frame > MESSAGES_WITHOUT_FRAME {
                 self.announced.gone = Some(Error::protocol(format!(
@@ -260,13 +286,56 @@ impl Subscriber {
                 e.seq, meta.caps_gen
             ))
         })?;
+        let events = self.events_up_to(meta.events_seq)?;
         Ok(Some(Frame {
             meta,
             seq: e.seq,
             ptr,
             caps,
             lease,
+            events,
         }))
+    }
+
+    /// The events received with a seq up to `last` (a frame's `events_seq`), taken out in
+    /// order. They were sent before the frame, so they are on the socket if not read yet.
+    fn events_up_to(&mut self, last: u32) -> Result<Vec<Arc<str>>> {
+        // Wrapping order: `seq` is up to `last` when it is less than 2^31 behind.
+        let up_to = |seq: u32| (last.wrapping_sub(seq) as i32) >= 0;
+        let mut pumps = 0;
+        while last != 0
+            && self.announced.events_seen != last
+            && up_to(self.announced.events_seen)
+            && self.announced.gone.is_none()
+            && pumps < crate::policy::EVENTS_KEPT_MAX / MESSAGES_PER_PUMP
+        {
+            let before = self.announced.events_seen;
+            self.pump()?;
+            pumps += 1;
+            if self.announced.events_seen == before {
+                // Nothing more on the socket: sent before we connected (a late joiner gets
+                // only the sticky ones), or never. Not looked for again.
+                self.announced.events_seen = last;
+            }
+        }
+        let mut out = Vec::new();
+        while let Some(e) = self.announced.events.front() {
+            if last == 0 || !up_to(e.0) {
+                break;
+            }
+            let e = self.announced.events.pop_front().expect("front").1;
+            self.announced.events_bytes -= e.len();
+            out.push(e);
+        }
+        Ok(out)
+    }
+
+    /// The events received and not handed out yet, in order: those after the last frame,
+    /// for the end of the stream.
+    pub fn take_events(&mut self) -> Vec<Arc<str>> {
+        let _ = self.pump();
+        self.announced.events_bytes = 0;
+        self.announced.events.drain(..).map(|e| e.1).collect()
     }
 }
 

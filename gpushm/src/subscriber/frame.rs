@@ -16,6 +16,9 @@ pub struct Frame {
     pub ptr: *const u8,
     pub caps: Arc<str>,
     pub lease: SlotLease,
+    /// The stream's events that come before this frame (see [`crate::wire`]), in order: the
+    /// producer's encoding (gpushmsink's: `src/events.rs`).
+    pub events: Vec<Arc<str>>,
 }
 
 // SAFETY: `ptr` points into a read-only mapping kept alive by `lease`.

@@ -167,6 +167,17 @@ impl Subscriber {
         self.releaser.leases.load(Ordering::Acquire)
     }
 
+    /// Sends `payload` (an event for the producer's pipeline, see [`crate::wire`]) to the
+    /// producer. Never waits: a producer that does not read its socket fails it.
+    pub fn send_upstream(&self, payload: &str) -> Result<()> {
+        self.conn.send(
+            &crate::wire::Message::Upstream {
+                payload: payload.to_string(),
+            },
+            &[],
+        )
+    }
+
     /// Whether another frame seems to be waiting for us already (a hint, read without a
     /// system call): a consumer that finds one as it takes a frame is behind.
     pub fn has_frame(&self) -> bool {

@@ -586,3 +586,75 @@ fn a_flat_out_publisher_is_woken_by_every_release_it_waits_for() {
     drop(cam);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Events reach a subscriber in order with the frames: those sent before a frame come with
+/// it, those after the last frame at the end; a subscriber that connects later gets the
+/// latest sticky event of each key before its first frame, and not the others.
+#[test]
+fn events_come_with_the_frame_they_precede_and_sticky_ones_to_late_joiners() {
+    let dir = scratch("events");
+    let cam = camera(&dir, 4);
+    let mut sub = connect(&dir, true);
+    until("the subscriber", || cam.num_clients() == 1);
+    let names = |f: &Frame| f.events.iter().map(|e| e.to_string()).collect::<Vec<_>>();
+    cam.send_event("a", None);
+    publish(&cam, 1);
+    assert_eq!(names(&take(&mut sub)), ["a"]);
+    cam.send_event("b", Some("tags"));
+    cam.send_event("c", None);
+    publish(&cam, 2);
+    assert_eq!(names(&take(&mut sub)), ["b", "c"]);
+    publish(&cam, 3);
+    assert!(take(&mut sub).events.is_empty());
+    cam.send_event("b2", Some("tags"));
+    let mut late = connect(&dir, true);
+    until("the late subscriber", || cam.num_clients() == 2);
+    publish(&cam, 4);
+    assert_eq!(names(&take(&mut late)), ["b2"]);
+    assert_eq!(names(&take(&mut sub)), ["b2"]);
+    cam.send_event("d", None);
+    cam.send_eos();
+    assert!(sub
+        .next_frame(Some(Duration::from_secs(5)))
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        sub.take_events()
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>(),
+        ["d"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A producer that floods events at a subscriber that does not read its socket meanwhile
+/// cannot cut it nor make it keep more than [`crate::policy::EVENTS_KEPT_MAX`]: it misses
+/// events it had no room for, gets the frame after them, and the stream goes on.
+#[test]
+fn a_flood_of_events_costs_a_subscriber_events_not_its_stream() {
+    let dir = scratch("event-flood");
+    let cam = camera(&dir, 4);
+    let mut sub = connect(&dir, true);
+    until("the subscriber", || cam.num_clients() == 1);
+    let payload = "x".repeat(200);
+    for n in 0..5000 {
+        cam.send_event(&format!("{n} {payload}"), None);
+    }
+    assert_eq!(cam.num_clients(), 1, "cut for events it did not read");
+    publish(&cam, 1);
+    let f = take(&mut sub);
+    assert!(filled_with(&f, 1));
+    assert!(!f.events.is_empty() && f.events.len() <= crate::policy::EVENTS_KEPT_MAX);
+    assert!(f.events.len() < 5000, "the socket held them all: no flood");
+    drop(f);
+    cam.send_event("after", None);
+    publish(&cam, 2);
+    let f = take(&mut sub);
+    assert!(filled_with(&f, 2));
+    assert_eq!(
+        f.events.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+        ["after"]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

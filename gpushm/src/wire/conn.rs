@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 
+/// Send-buffer bytes kept free for the messages a consumer cannot do without (see
+/// [`Conn::has_room`]). Small messages cost the buffer about a kilobyte each in kernel
+/// overhead.
+pub const SEND_RESERVE: usize = 32 * 1024;
+
 /// One recvmsg() without blocking: the bytes read, every descriptor that arrived (owned, so
 /// none can leak, whatever the peer sent), and whether control data was truncated. nix
 /// refuses to walk truncated control data, but the descriptors the kernel did install are
@@ -108,6 +113,26 @@ impl Conn {
 
     /// Sends `msg` with `fds`; never blocks: a peer whose socket buffer is full (it stopped
     /// reading) gets an error instead of stalling the sender.
+    /// Whether the socket's send buffer has room for `bytes` more with
+    /// [`SEND_RESERVE`] left over: the peer reads what we sent before. Optional messages
+    /// (events) are sent only then, so a peer that stops reading for a while misses them
+    /// instead of being cut when a needed one (a new ring, EOS) finds the buffer full.
+    pub fn has_room(&self, bytes: usize) -> bool {
+        let fd = self.stream.as_raw_fd();
+        let mut queued: nix::libc::c_int = 0;
+        // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int: the bytes sent and not yet read by the
+        // peer (with their kernel overhead).
+        if unsafe { nix::libc::ioctl(fd, nix::libc::TIOCOUTQ, &mut queued) } != 0 {
+            return false;
+        }
+        let Ok(size) =
+            nix::sys::socket::getsockopt(&self.stream, nix::sys::socket::sockopt::SndBuf)
+        else {
+            return false;
+        };
+        (queued.max(0) as usize).saturating_add(bytes + SEND_RESERVE) <= size
+    }
+
     pub fn send(&self, msg: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
         if fds.len() as u32 != msg.expected_fds() {
             return Err(Error::protocol(format!(

@@ -26,6 +26,18 @@
 //! | 8 DeviceMemory | sink → src | ring_gen u32, gpu_uuid 16 bytes, size u64 | the GPU allocation holding the pixels of ring `ring_gen` (a CUDA virtual-memory POSIX descriptor, see [`crate::cuda::vmm`]) |
 //! | 9 Query   | tool → sink | flags u32 (0) | – |
 //! | 10 Report | sink → tool | a [`StreamReport`] (encoded in `report.rs`) | – |
+//! | 12 Upstream | src → sink | payload str (opaque to the core: a consumer's custom upstream event, force-key-unit included, see `src/events.rs`) | – |
+//! | 11 Event  | sink → src | seq u32, payload str (opaque to the core: gpushmsink's encoding of a tag or custom event, see `src/events.rs`) | – |
+//!
+//! Event carries a serialized event of the producer's stream, in order with the frames: each
+//! frame's [`crate::ring::layout::SlotDesc::events_seq`] is the `seq` of the last Event sent
+//! before it, and a consumer hands out the events up to that `seq` before the frame (those
+//! left at the end before EOS). A consumer that connects gets the events the producer keeps
+//! for late joiners (the current tags) after Caps.
+//!
+//! Upstream is the one message a consumer sends after Hello besides Close: the producer takes
+//! [`crate::server::Server::set_upstream_rate`] of them a second per consumer at most (the rest
+//! are dropped) and hands them to its pipeline, or refuses all.
 //!
 //! Query is sent instead of Hello by a tool that only reads figures (`gpushm list`, `top`,
 //! `inspect`): the producer answers one Report and closes the connection. The tool gets no
@@ -54,7 +66,7 @@
 //! "protocol version 3 is not supported (this side speaks 2)"). Version 4 replaced the two
 //! eventfds of Welcome with doorbell sockets: an eventfd's O_NONBLOCK flag is shared with the
 //! peer, which could clear it and make the other side block for good. Version 5 added
-//! DeviceMemory. Version 6 added Query and Report.
+//! DeviceMemory. Version 6 added Query and Report. Version 7 added Event and Upstream.
 //!
 //! - this file: the header, the constants and [`Message`] with its encoding;
 //! - `report.rs`: the figures a Report carries ([`StreamReport`], [`ClientReport`]);
@@ -71,7 +83,7 @@ pub use self::conn::Conn;
 pub use self::report::{cut_str, ClientReport, StreamReport};
 
 pub const WIRE_MAGIC: u32 = u32::from_le_bytes(*b"GSHW");
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 pub const HEADER_LEN: usize = 16;
 pub const MAX_PAYLOAD: u32 = 64 * 1024;
 pub const MAX_FDS: u32 = 4;
@@ -144,6 +156,15 @@ pub enum Message {
     },
     /// The producer's answer to Query.
     Report(Box<StreamReport>),
+    /// An event of the stream, handed out before the frames published after it.
+    Event {
+        seq: u32,
+        payload: String,
+    },
+    /// A consumer's event for the producer's pipeline.
+    Upstream {
+        payload: String,
+    },
 }
 
 impl Message {
@@ -159,6 +180,8 @@ impl Message {
             Message::DeviceMemory { .. } => 8,
             Message::Query { .. } => 9,
             Message::Report(_) => 10,
+            Message::Event { .. } => 11,
+            Message::Upstream { .. } => 12,
         }
     }
 
@@ -217,6 +240,11 @@ impl Message {
             }
             Message::Query { flags } => p.extend_from_slice(&flags.to_le_bytes()),
             Message::Report(r) => r.encode(&mut p),
+            Message::Event { seq, payload } => {
+                p.extend_from_slice(&seq.to_le_bytes());
+                put_str(&mut p, payload);
+            }
+            Message::Upstream { payload } => put_str(&mut p, payload),
         }
         let mut out = Vec::with_capacity(HEADER_LEN + p.len());
         out.extend_from_slice(&WIRE_MAGIC.to_le_bytes());
@@ -308,6 +336,11 @@ impl Message {
             },
             9 => Message::Query { flags: r.u32()? },
             10 => Message::Report(Box::new(StreamReport::decode(&mut r)?)),
+            11 => Message::Event {
+                seq: r.u32()?,
+                payload: r.str()?,
+            },
+            12 => Message::Upstream { payload: r.str()? },
             k => return Err(Error::protocol(format!("unknown message kind {k}"))),
         };
         if !r.buf.is_empty() {

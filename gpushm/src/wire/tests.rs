@@ -79,6 +79,13 @@ fn all() -> Vec<Message> {
             gpu_uuid: *b"0123456789abcdef",
             size: 1 << 30,
         },
+        Message::Upstream {
+            payload: "custom-upstream\nGstForceKeyUnit, all-headers=(boolean)true;".into(),
+        },
+        Message::Event {
+            seq: u32::MAX,
+            payload: "tag stream\ntaglist, title=(string)\"é\";".into(),
+        },
     ]
 }
 

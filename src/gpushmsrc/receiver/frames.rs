@@ -81,6 +81,15 @@ impl Worker {
                 ("The producer sent unparsable caps {}", caps)
             )
         })?;
+        if parsed.is_any() {
+            // A stream without caps (the producer got none): bytes, pushed without caps.
+            let stream = Arc::new(Stream {
+                video: None,
+                headers: Vec::new(),
+            });
+            self.info = Some((caps.clone(), stream.clone()));
+            return Ok(stream);
+        }
         let st = parsed.structure(0).ok_or_else(|| {
             gst::error_msg!(
                 gst::StreamError::Format,
@@ -314,13 +323,20 @@ impl Worker {
                 && flags.contains(gst::BufferFlags::DELTA_UNIT)
                 && !flags.contains(gst::BufferFlags::HEADER)
             {
-                // A decoder cannot start here: wait for the next keyframe.
+                // A decoder cannot start here: wait for the next keyframe, and ask the
+                // producer's encoder for one (once; its rate limit bounds the rest).
+                if !std::mem::replace(&mut self.asked_keyframe, true) {
+                    if let Err(e) = conn.send_upstream(&crate::events::force_key_unit()) {
+                        gst::debug!(CAT, "asking the producer for a keyframe: {e}");
+                    }
+                }
                 self.dropped_seen = dropped;
                 self.discont = true;
                 self.shared.skipped.fetch_add(1, Ordering::Relaxed);
                 return Ok(None);
             }
             self.need_keyframe = false;
+            self.asked_keyframe = false;
         }
         // The first buffer of a connection that joined mid-way: the caps' stream headers go
         // first (a buffer flagged HEADER means we joined at the start, where they are).
@@ -625,6 +641,7 @@ impl Worker {
                 built_ns: gpushm::monotonic_ns(),
             },
             headers,
+            events: std::mem::take(&mut self.events),
         }))
     }
 

@@ -20,11 +20,25 @@ impl Worker {
                 Err(step) => return step,
             },
         };
+        // Upstream events downstream sent meanwhile (they woke us).
+        let upstream: Vec<String> = self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
+        for p in upstream {
+            if let Err(e) = conn.send_upstream(&p) {
+                gst::debug!(CAT, "an upstream event not sent to the producer: {e}");
+            }
+        }
         // The spare of the last frame's slot first: the next frame may come in it again.
         self.make_spare();
         self.make_ahead();
         let step = match conn.next_frame_warming(None, &mut || self.warm_up()) {
             Ok(Some(frame)) => {
+                self.note_events(&frame.events);
                 let (dropped, spin) = self.link.counts_with(&conn);
                 self.shared
                     .producer_dropped
@@ -62,7 +76,9 @@ impl Worker {
             Ok(None) => {
                 gst::debug!(CAT, "producer sent EOS");
                 self.done = true;
-                Step::Item(Item::Eos)
+                let last = conn.take_events();
+                self.note_events(&last);
+                Step::Item(Item::Eos(std::mem::take(&mut self.events)))
             }
             Err(Error::Interrupted) => {
                 if self.shared.want_writable.load(Ordering::Acquire)
@@ -100,6 +116,26 @@ impl Worker {
         step
     }
 
+    /// Decodes the producer's events that come before the next frame (or the end) and keeps
+    /// them for it. One that does not decode is left out with a warning: it came from another
+    /// process.
+    fn note_events(&mut self, payloads: &[Arc<str>]) {
+        for p in payloads {
+            match crate::events::decode(p) {
+                Ok(e) => self.events.push(e),
+                Err(why) => {
+                    if let Some(el) = self.element.upgrade() {
+                        gst::element_warning!(
+                            el,
+                            gst::StreamError::Decode,
+                            ("The producer sent an event that was left out: {}", why)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// Whether more frames wait in the ring than the one just read.
     pub(super) fn behind(&self) -> bool {
         self.link.current().is_some_and(|c| c.has_frame())
@@ -110,6 +146,8 @@ impl Worker {
     /// keep their mapping alive.
     pub(super) fn lost(&mut self, conn: Box<Subscriber>, why: &str) {
         self.shared.connected.store(false, Ordering::Release);
+        // The old producer's events for frames that never came: its stream is over.
+        self.events.clear();
         // Memories made ahead over the old rings' slots.
         self.spares.clear();
         self.ahead = None;

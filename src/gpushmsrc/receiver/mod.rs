@@ -90,6 +90,8 @@ pub(super) struct Received {
     /// Stream headers from the caps to push before this buffer: it is the first one of a
     /// connection that joined a stream mid-way.
     pub headers: Vec<gst::Buffer>,
+    /// The producer's tags and custom events that come before this buffer, in order.
+    pub events: Vec<gst::Event>,
 }
 
 /// Where a received frame came from and what its producer said about it.
@@ -136,7 +138,8 @@ struct Stream {
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Item {
     Frame(Received),
-    Eos,
+    /// The end of the stream, after the producer's events that follow its last frame.
+    Eos(Vec<gst::Event>),
     Error(gst::ErrorMessage),
 }
 
@@ -173,6 +176,9 @@ struct Queue {
     fired: u64,
     /// Threads waiting for downstream to drop a frame (only they need the wake-up).
     release_waiters: u32,
+    /// Events of frames dropped from the queue (or stale): they go out before the next item,
+    /// since a frame lost is no reason to lose the tags or markers that came with it.
+    carried: Vec<gst::Event>,
     /// The streaming thread took a frame and left more in the ring (a backlog, or downstream
     /// that runs behind): the receiver takes them now, not a [`GRACE`] later. Left there
     /// while the streaming thread comes back within GRACE to pop what was queued, they were
@@ -189,6 +195,40 @@ impl Queue {
         self.away_since = Some(std::time::Instant::now());
     }
 
+    /// Keeps the events of `item`, a frame about to be dropped, for the next item.
+    fn carry(&mut self, item: &mut Item) {
+        if let Item::Frame(f) = item {
+            self.carry_events(&mut f.events);
+        }
+    }
+
+    /// Keeps `events` of a frame dropped for the next item: the newest
+    /// [`gpushm::policy::EVENTS_KEPT_MAX`] at most (a paused pipeline drops frames for as
+    /// long as it stays paused).
+    fn carry_events(&mut self, events: &mut Vec<gst::Event>) {
+        self.carried.append(events);
+        let over = self
+            .carried
+            .len()
+            .saturating_sub(gpushm::policy::EVENTS_KEPT_MAX);
+        self.carried.drain(..over);
+    }
+
+    /// Puts the events carried from dropped frames before those of `item`, the next one out.
+    fn uncarry(&mut self, item: &mut Item) {
+        if self.carried.is_empty() {
+            return;
+        }
+        let events = match item {
+            Item::Frame(f) => &mut f.events,
+            Item::Eos(e) => e,
+            Item::Error(_) => return,
+        };
+        let mut all = std::mem::take(&mut self.carried);
+        all.append(events);
+        *events = all;
+    }
+
     /// A frame that must not be pushed: it came while the pipeline was paused, or was
     /// published before it played again.
     fn stale(&self, item: &Item) -> bool {
@@ -203,6 +243,9 @@ pub(super) struct Shared {
     cond: Condvar,
     /// The newest caps the producer announced, for caps queries.
     pub caps: Mutex<Option<Arc<str>>>,
+    /// Events downstream sent for the producer, waiting for the thread that reads the ring
+    /// (the only one that uses the connection) to send them.
+    upstream: Mutex<VecDeque<String>>,
     /// The producer pipeline's latency from its newest frame (`NONE_U64`: unknown).
     pub latency: AtomicU64,
     /// The producer's pipeline is live, as its newest frame says.
@@ -339,6 +382,9 @@ impl Shared {
 /// receiver thread takes frames from the ring in its place.
 const GRACE: Duration = Duration::from_millis(50);
 
+/// Upstream events waiting to be sent at most (see [`Reader::send_upstream`]).
+const UPSTREAM_QUEUED: usize = 64;
+
 /// How long the receiver thread sleeps at most while the streaming thread waits in
 /// `create()`: normally its timer wakes it, this only bounds the wait should arming it fail.
 const IDLE_LOOK: Duration = Duration::from_secs(1);
@@ -423,10 +469,11 @@ impl Reader {
             if q.flushing || q.stopping {
                 break None;
             }
-            if let Some(item) = q.items.pop_front() {
+            if let Some(mut item) = q.items.pop_front() {
                 if let Item::Frame(f) = &item {
                     q.bytes = q.bytes.saturating_sub(f.buffer.size() as u64);
                 }
+                q.uncarry(&mut item);
                 let discont = std::mem::take(&mut q.discont);
                 q.leave();
                 drop(q);
@@ -492,12 +539,16 @@ impl Reader {
                     if q.stale(&item) {
                         // It came after the pipeline paused (create() was on its way out):
                         // stale once it plays again, as the receiver's frames are.
+                        let mut item = item;
+                        q.carry(&mut item);
                         q.discont = true;
                         self.shared.dropped_from_queue(1);
                         drop(q);
                         drop(item);
                         continue;
                     }
+                    let mut item = item;
+                    q.uncarry(&mut item);
                     let discont = std::mem::take(&mut q.discont);
                     q.leave();
                     return Some((item, discont));
@@ -515,6 +566,24 @@ impl Reader {
         };
         self.shared.queue().leave();
         r
+    }
+
+    /// Sends `payload` (an upstream event downstream sent us) to the producer: the thread that
+    /// reads the ring sends it as it wakes. At most [`UPSTREAM_QUEUED`] wait: past it the
+    /// oldest go (the producer takes few a second anyway).
+    pub fn send_upstream(&self, payload: String) {
+        {
+            let mut q = self
+                .shared
+                .upstream
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if q.len() >= UPSTREAM_QUEUED {
+                q.pop_front();
+            }
+            q.push_back(payload);
+        }
+        self.stop.wake();
     }
 
     /// Wakes the receiver thread to read the ring now (see [`Queue::behind`]).
@@ -646,6 +715,8 @@ impl Receiver {
             info: None,
             checked: None,
             need_keyframe: true,
+            asked_keyframe: false,
+            events: Vec::new(),
             fresh: true,
             discont: true,
             dropped_seen: 0,
@@ -726,6 +797,11 @@ struct Worker {
     /// Encoded streams: skip frames that depend on earlier ones (DELTA_UNIT) until a
     /// keyframe, after connecting and after frames were missed.
     need_keyframe: bool,
+    /// The producer was asked for a keyframe since `need_keyframe` was last set.
+    asked_keyframe: bool,
+    /// The producer's events decoded and not yet attached to a frame (one read was skipped,
+    /// or the end comes next).
+    events: Vec<gst::Event>,
     /// No frame was built yet on this connection (stream headers go first).
     fresh: bool,
     discont: bool,

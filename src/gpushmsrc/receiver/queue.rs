@@ -7,12 +7,13 @@ use super::*;
 impl Worker {
     /// Queues `item`. Past the queue's limits a leaky consumer drops its oldest frames and a
     /// lossless one waits (so the producer's back-pressure applies). False when stopping.
-    pub(super) fn push(&mut self, item: Item) -> bool {
+    pub(super) fn push(&mut self, mut item: Item) -> bool {
         // Frames dropped from the queue go after the lock (declared first, dropped last): a
         // frame's release takes the lock.
         let mut dropped = Vec::new();
         let mut q = self.shared.queue();
         if q.stale(&item) {
+            q.carry(&mut item);
             q.discont = true;
             self.shared.dropped_from_queue(1);
             return !q.stopping;
@@ -34,6 +35,7 @@ impl Worker {
                 if lossless {
                     q = self.shared.cond.wait(q).unwrap_or_else(|e| e.into_inner());
                     if q.paused {
+                        q.carry(&mut item);
                         q.discont = true;
                         self.shared.dropped_from_queue(1);
                         return !q.stopping;
@@ -43,8 +45,9 @@ impl Worker {
                 let Some(pos) = q.items.iter().position(|i| matches!(i, Item::Frame(_))) else {
                     break;
                 };
-                if let Some(Item::Frame(old)) = q.items.remove(pos) {
+                if let Some(Item::Frame(mut old)) = q.items.remove(pos) {
                     q.bytes = q.bytes.saturating_sub(old.buffer.size() as u64);
+                    q.carry_events(&mut old.events);
                     dropped.push(old);
                 }
                 q.discont = true;

@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: MPL-2.0
+//! The producer's tags and custom events reach every consumer process, in order with the
+//! buffers: stream and global tags, serialized custom events, the current tags to a consumer
+//! that joins late, and tags into a recording.
+
+mod common;
+use common::*;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use gst::prelude::*;
+
+/// Real-time pipelines: one at a time on a 2-core machine.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a consumer's `fakesink silent=false` saw, in order: `E <event line>` or `B` per
+/// buffer.
+fn seen(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .filter_map(|l| {
+            let (_, m) = l.split_once("last-message = ")?;
+            if m.starts_with("chain") {
+                Some("B".to_string())
+            } else {
+                m.starts_with("event").then(|| format!("E {m}"))
+            }
+        })
+        .collect()
+}
+
+/// A consumer process that prints every event and buffer its fakesink gets (`-v`, so not
+/// through `gst_launch`, which is quiet).
+fn consumer(sock: &Path, extra: &str) -> Proc {
+    let mut c = std::process::Command::new("gst-launch-1.0");
+    c.arg("-v");
+    c.args(
+        format!(
+            "gpushmsrc socket-path={} mode=lossless {extra} ! fakesink silent=false",
+            sock.display()
+        )
+        .split_whitespace(),
+    );
+    with_plugin_path(&mut c);
+    Proc::spawn(c, "consumer")
+}
+
+/// Waits until the producer's sink has `n` consumers.
+fn wait_for_clients(sink: &gst::Element, n: u32) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while sink.property::<u32>("num-clients") < n {
+        assert!(Instant::now() < end, "{n} consumers did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Two consumers of one producer (an appsrc that sends a stream tag, a global tag before the
+/// first buffer, and custom events after the 10th and 20th of 30 buffers): each sees the tags
+/// before the first buffer, `marker n=10` after exactly 10 buffers and `n=20` after 20, a
+/// custom-both event where it was sent, and every buffer. Before, no tag or custom event
+/// reached a consumer (taginject's title was lost to every recorder behind gpushm).
+#[test]
+fn tags_and_custom_events_reach_every_consumer_in_order_with_the_buffers() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("events.sock");
+    let producer = gst::parse::launch(&format!(
+        "appsrc name=src format=time caps=video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+         ! gpushmsink name=sink socket-path={} sync=false",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let consumers = [consumer(&sock, ""), consumer(&sock, "")];
+    wait_for_clients(&producer.by_name("sink").unwrap(), 2);
+    let src = producer
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    let tags = |title: &str, scope| {
+        let mut t = gst::TagList::new();
+        let tm = t.get_mut().unwrap();
+        tm.add::<gst::tags::Title>(&title, gst::TagMergeMode::Append);
+        tm.set_scope(scope);
+        gst::event::Tag::new(t)
+    };
+    assert!(src.send_event(tags("hello-stream", gst::TagScope::Stream)));
+    assert!(src.send_event(tags("hello-global", gst::TagScope::Global)));
+    for i in 0..30u64 {
+        if i == 10 || i == 20 {
+            let s = gst::Structure::builder("marker")
+                .field("n", i as i32)
+                .build();
+            assert!(src.send_event(gst::event::CustomDownstream::new(s)));
+        }
+        if i == 15 {
+            let s = gst::Structure::builder("both").field("n", 15i32).build();
+            assert!(src.send_event(gst::event::CustomBoth::new(s)));
+        }
+        let mut b = gst::Buffer::from_mut_slice(vec![i as u8; 64 * 48]);
+        let bm = b.get_mut().unwrap();
+        bm.set_pts(gst::ClockTime::from_mseconds(i * 33));
+        bm.set_duration(gst::ClockTime::from_mseconds(33));
+        src.push_buffer(b).unwrap();
+    }
+    src.end_of_stream().unwrap();
+    let msg = producer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    assert!(matches!(
+        msg.map(|m| m.type_()),
+        Some(gst::MessageType::Eos)
+    ));
+    for c in consumers {
+        let (st, out) = c.finish(Duration::from_secs(30));
+        assert!(st.success(), "{out:?}");
+        let seen = seen(&out);
+        let buffers_before = |needle: &str| {
+            let at = seen
+                .iter()
+                .position(|l| l.contains(needle))
+                .unwrap_or_else(|| panic!("no event with {needle:?}: {seen:#?}"));
+            seen[..at].iter().filter(|l| *l == "B").count()
+        };
+        assert_eq!(buffers_before("hello-stream"), 0, "{seen:#?}");
+        assert_eq!(buffers_before("hello-global"), 0, "{seen:#?}");
+        assert_eq!(buffers_before("marker, n=(int)10"), 10, "{seen:#?}");
+        assert_eq!(buffers_before("both, n=(int)15"), 15, "{seen:#?}");
+        assert_eq!(buffers_before("marker, n=(int)20"), 20, "{seen:#?}");
+        assert_eq!(seen.iter().filter(|l| *l == "B").count(), 30);
+    }
+    producer.set_state(gst::State::Null).unwrap();
+}
+
+/// A consumer that joins a live producer 1 s in gets the stream's current tags (taginject
+/// sent them with the first buffer, long before) ahead of its first buffer.
+#[test]
+fn a_late_consumer_gets_the_current_tags_first() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("late-tags.sock");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc is-live=true num-buffers=75 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+             ! taginject tags=\"title=late-joiner,language-code=fr\" ! gpushmsink socket-path={}",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(1));
+    let (st, out) = consumer(&sock, "num-buffers=5").finish(Duration::from_secs(30));
+    assert!(st.success(), "{out:?}");
+    let seen = seen(&out);
+    let tag = seen
+        .iter()
+        .position(|l| l.contains("late-joiner"))
+        .unwrap_or_else(|| panic!("no tags: {seen:#?}"));
+    let first = seen.iter().position(|l| l == "B").expect("a buffer");
+    assert!(tag < first, "{seen:#?}");
+    assert!(seen[tag].contains("language-code"), "{}", seen[tag]);
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(ps.success(), "{pout:?}");
+}
+
+/// The tags of H.264 video reach a recording made behind gpushm: x264enc's encoder tags and
+/// taginject's title and artist, read back from the Matroska file by its demuxer.
+#[test]
+fn a_recording_through_gpushm_keeps_the_producers_tags() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("rec-tags.sock");
+    let file = dir.path().join("rec.mkv");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc num-buffers=30 ! video/x-raw,width=160,height=120,framerate=30/1 \
+             ! taginject tags=\"title=recorded,artist=gpushm\" ! x264enc key-int-max=10 \
+             ! h264parse ! gpushmsink socket-path={} wait-for-connection=true",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let (st, out) = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc socket-path={} mode=lossless ! h264parse ! matroskamux ! filesink location={}",
+            sock.display(),
+            file.display()
+        )),
+        "recorder",
+    )
+    .finish(Duration::from_secs(30));
+    assert!(st.success(), "{out:?}");
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(ps.success(), "{pout:?}");
+    let read = gst::parse::launch(&format!(
+        "filesrc location={} ! matroskademux ! fakesink",
+        file.display()
+    ))
+    .unwrap();
+    read.set_state(gst::State::Playing).unwrap();
+    let bus = read.bus().unwrap();
+    let mut all = gst::TagList::new();
+    while let Some(m) = bus.timed_pop_filtered(
+        gst::ClockTime::from_seconds(20),
+        &[
+            gst::MessageType::Tag,
+            gst::MessageType::Eos,
+            gst::MessageType::Error,
+        ],
+    ) {
+        match m.view() {
+            gst::MessageView::Tag(t) => {
+                all = all.merge(&t.tags(), gst::TagMergeMode::Append);
+            }
+            gst::MessageView::Error(e) => panic!("reading the recording: {e:?}"),
+            _ => break,
+        }
+    }
+    read.set_state(gst::State::Null).unwrap();
+    let title = all.get::<gst::tags::Title>().map(|t| t.get().to_string());
+    let artist = all.get::<gst::tags::Artist>().map(|t| t.get().to_string());
+    assert_eq!(title.as_deref(), Some("recorded"), "{all:?}");
+    assert_eq!(artist.as_deref(), Some("gpushm"), "{all:?}");
+}
+
+/// A consumer that joins an H.264 stream between keyframes (key-int-max=300: 10 s apart)
+/// asks the producer's encoder for one (force-key-unit, sent by gpushmsrc itself) and starts
+/// decoding at once: 15 decoded frames within 5 s of joining 2 s in, where it waited for the
+/// keyframe at 10 s before.
+#[test]
+fn a_late_consumer_of_h264_asks_for_a_keyframe_and_starts_at_once() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fku.sock");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc is-live=true num-buffers=450 ! video/x-raw,width=160,height=120,framerate=30/1 \
+             ! x264enc key-int-max=300 tune=zerolatency ! h264parse ! gpushmsink socket-path={}",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(2));
+    let t = Instant::now();
+    let (st, out) = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc socket-path={} num-buffers=15 ! h264parse ! avdec_h264 ! fakesink",
+            sock.display()
+        )),
+        "late consumer",
+    )
+    .finish(Duration::from_secs(30));
+    let took = t.elapsed();
+    assert!(st.success(), "{out:?}");
+    assert!(took < Duration::from_secs(5), "started after {took:?}");
+    drop(producer);
+}
+
+/// A consumer that sends 1000 force-key-unit events a second for 2 s gets no more through
+/// than the producer's `upstream-event-rate` (2 a second here, with a burst of 2): the
+/// encoder makes a handful of keyframes, not one a frame.
+#[test]
+fn a_flood_of_force_key_unit_gets_no_more_through_than_the_rate() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fku-flood.sock");
+    let mut c = std::process::Command::new("gst-launch-1.0");
+    c.arg("-v").args(
+        format!(
+            "videotestsrc is-live=true num-buffers=120 ! video/x-raw,width=160,height=120,framerate=30/1 \
+             ! x264enc key-int-max=300 tune=zerolatency ! h264parse ! identity silent=false \
+             ! gpushmsink socket-path={} upstream-event-rate=2 wait-for-connection=true",
+            sock.display()
+        )
+        .split_whitespace(),
+    );
+    with_plugin_path(&mut c);
+    let producer = Proc::spawn(c, "producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} ! fakesink sync=false",
+        sock.display()
+    ))
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    let mut sent = 0;
+    while t.elapsed() < Duration::from_secs(2) {
+        let e = gst_video::UpstreamForceKeyUnitEvent::builder().build();
+        consumer.send_event(e);
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (ps, lines) = producer.finish(Duration::from_secs(30));
+    consumer.set_state(gst::State::Null).unwrap();
+    assert!(ps.success(), "{lines:?}");
+    let chains: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("identity0: last-message = chain"))
+        .collect();
+    let keyframes = chains.iter().filter(|l| !l.contains("delta-unit")).count();
+    assert!(sent > 500, "the flood was {sent} events");
+    assert_eq!(chains.len(), 120, "{lines:?}");
+    // The first frame, up to 2 of the burst and 2 a second for 2.5 s, with margin.
+    assert!(
+        (2..=12).contains(&keyframes),
+        "{keyframes} keyframes for {sent} requests"
+    );
+}
