@@ -23,6 +23,7 @@ mod cpu_latency;
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;
+pub mod custom_metas;
 /// Tags and custom events as they travel from gpushmsink to gpushmsrc.
 pub mod events;
 pub mod geometry;

@@ -82,6 +82,7 @@ impl Frame {
             lease,
             // The producer's GStreamer events: nothing a Python reader of frames acts on.
             events: _,
+            metas: _,
         } = f;
         let data = Arc::new(FrameData {
             meta,

@@ -141,7 +141,21 @@ impl GpuShmSink {
             (s.wait_for_connection, policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
+        // Custom metas travel beside the frame (the ring has no field for them).
+        let (frame_metas, left_out) = crate::custom_metas::encode(buffer);
+        if !left_out.is_empty() {
+            gst::warning!(
+                CAT,
+                imp = self,
+                "custom metas over {} bytes left out: {left_out:?}",
+                crate::custom_metas::MAX_METAS_PAYLOAD
+            );
+        }
         let publish = |slot: u32, mut meta: FrameMeta| {
+            meta.has_metas = frame_metas.is_some();
+            if let Some(p) = &frame_metas {
+                server.send_frame_metas(p);
+            }
             if info.is_none() {
                 meta.payload_size = buffer.size() as u64;
             }

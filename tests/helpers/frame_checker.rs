@@ -299,6 +299,12 @@ fn main() {
                     pts.map_or(-1, |p| p.nseconds() as i64),
                     plane_sums(caps, buffer)
                 );
+                // The producer's custom metas, one line each.
+                for m in buffer.iter_meta::<gst::Meta>() {
+                    if let Some(c) = m.try_as_custom_meta() {
+                        println!("META n={n} {} {}", m.type_().name(), c.structure());
+                    }
+                }
             }
             if cudasum.is_some() {
                 sums.check(&bus, caps, buffer, a.print);

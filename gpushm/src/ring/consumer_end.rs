@@ -260,7 +260,9 @@ impl ConsumerRing {
         m.latency = d.latency.load(r);
         m.clock_offset = d.clock_offset.load(r) as i64;
         m.events_seq = d.events_seq.load(r);
-        m.live = d.stream_flags.load(r) & STREAM_LIVE != 0;
+        let flags = d.stream_flags.load(r);
+        m.live = flags & STREAM_LIVE != 0;
+        m.has_metas = flags & STREAM_HAS_METAS != 0;
         let tc_flags = d.tc_flags.load(r);
         if tc_flags & TC_PRESENT != 0 {
             m.timecode = Some(TimeCode {

@@ -35,6 +35,8 @@ pub struct FrameMeta {
     pub timecode: Option<TimeCode>,
     /// The producer's pipeline is live.
     pub live: bool,
+    /// A FrameMetas message for this frame was sent before it.
+    pub has_metas: bool,
     /// The producer's pipeline clock less CLOCK_MONOTONIC, ns (see [`crate::time`]).
     pub clock_offset: i64,
     /// The last event sent before this frame ([`crate::ring::layout::SlotDesc::events_seq`]).

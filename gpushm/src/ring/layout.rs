@@ -145,6 +145,9 @@ pub struct SlotDesc {
 
 /// `SlotDesc::stream_flags` bit: the producer's pipeline is live.
 pub const STREAM_LIVE: u32 = 1;
+/// `SlotDesc::stream_flags` bit: a FrameMetas message for this frame was sent before it (see
+/// [`crate::wire`]).
+pub const STREAM_HAS_METAS: u32 = 2;
 
 /// `SlotDesc::tc_flags` bit: the frame carries a time code.
 pub const TC_PRESENT: u32 = 1;

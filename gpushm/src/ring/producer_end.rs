@@ -239,8 +239,9 @@ impl ProducerRing {
         d.tc_seconds.store(tc.seconds, r);
         d.tc_frames.store(tc.frames, r);
         d.tc_field_count.store(tc.field_count, r);
-        d.stream_flags
-            .store(if m.live { STREAM_LIVE } else { 0 }, r);
+        let flags =
+            if m.live { STREAM_LIVE } else { 0 } | if m.has_metas { STREAM_HAS_METAS } else { 0 };
+        d.stream_flags.store(flags, r);
         d.seq.store(seq, Ordering::Release);
     }
 }

@@ -449,6 +449,28 @@ impl<P: Send + 'static> Server<P> {
         self.unlock_and_emit(inner);
     }
 
+    /// Sends the metas of the next frame published (their payload is the caller's encoding,
+    /// see [`crate::wire`]) to every client with room on its socket; the caller publishes
+    /// that frame with [`crate::ring::frame::FrameMeta::has_metas`] set.
+    pub fn send_frame_metas(&self, payload: &str) {
+        let mut inner = self.lock();
+        let msg = Message::FrameMetas {
+            seq: inner.stream.next_seq,
+            payload: payload.to_string(),
+        };
+        let len = crate::wire::HEADER_LEN + 12 + payload.len();
+        let failed: Vec<(u32, String)> = inner
+            .clients
+            .open()
+            .filter(|c| c.conn.has_room(len))
+            .filter_map(|c| c.conn.send(&msg, &[]).err().map(|e| (c.id, e.to_string())))
+            .collect();
+        for (id, why) in failed {
+            self.drop_client(&mut inner, id, why);
+        }
+        self.unlock_and_emit(inner);
+    }
+
     /// Consumers' upstream events taken a second per consumer at most (0: none; see
     /// [`crate::policy::UPSTREAM_EVENTS_PER_S`]).
     pub fn set_upstream_rate(&self, per_s: u32) {

@@ -20,6 +20,10 @@ use crate::{Error, Result};
 /// Caps generations remembered for frames still queued from before a caps change.
 const CAPS_HISTORY: usize = 8;
 
+/// FrameMetas kept for frames not taken yet, at most (a leaky consumer's frames may be taken
+/// back before it takes them).
+const FRAME_METAS_KEPT: usize = 64;
+
 /// Messages handled per look at the socket at most: a producer that floods its socket keeps
 /// a waiting consumer no longer than this past its timeout or an interrupt.
 const MESSAGES_PER_PUMP: usize = 64;
@@ -41,6 +45,8 @@ pub(super) struct Announced {
     pub events_seen: u32,
     /// Bytes of `events`.
     pub events_bytes: usize,
+    /// The metas of the frames to come (FrameMetas), by frame seq, the newest last.
+    pub frame_metas: VecDeque<(u64, Arc<str>)>,
     pub eos: bool,
     pub gone: Option<Error>,
     /// We asked for a writable ring / can map GPU memory: only then may the producer send
@@ -61,6 +67,7 @@ impl Announced {
             events: VecDeque::new(),
             events_seen: 0,
             events_bytes: 0,
+            frame_metas: VecDeque::new(),
             eos: false,
             gone: None,
             writable: opts.writable_ring,
@@ -96,6 +103,14 @@ impl Subscriber {
                     return Ok(());
                 }
             };
+            if let Message::FrameMetas { seq, payload } = msg {
+                let m = &mut self.announced.frame_metas;
+                if m.len() >= FRAME_METAS_KEPT {
+                    m.pop_front();
+                }
+                m.push_back((seq, payload.into()));
+                continue;
+            }
             if let Message::Event { seq, payload } = msg {
                 // Not counted as a flood: a stream may say much between frames (tags before
                 // the first); what is kept is bounded instead.
@@ -287,6 +302,10 @@ impl Subscriber {
             ))
         })?;
         let events = self.events_up_to(meta.events_seq)?;
+        let metas = match meta.has_metas {
+            true => self.frame_metas_of(e.seq)?,
+            false => None,
+        };
         Ok(Some(Frame {
             meta,
             seq: e.seq,
@@ -294,7 +313,27 @@ impl Subscriber {
             caps,
             lease,
             events,
+            metas,
         }))
+    }
+
+    /// The metas sent for frame `seq` (the newest if sent again), dropping those of earlier
+    /// frames. They were sent before the frame: on the socket if not read yet.
+    fn frame_metas_of(&mut self, seq: u64) -> Result<Option<Arc<str>>> {
+        let find = |a: &Announced| {
+            a.frame_metas
+                .iter()
+                .rev()
+                .find(|m| m.0 == seq)
+                .map(|m| m.1.clone())
+        };
+        let mut found = find(&self.announced);
+        if found.is_none() {
+            self.pump()?;
+            found = find(&self.announced);
+        }
+        self.announced.frame_metas.retain(|m| m.0 > seq);
+        Ok(found)
     }
 
     /// The events received with a seq up to `last` (a frame's `events_seq`), taken out in

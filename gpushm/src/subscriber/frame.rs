@@ -19,6 +19,10 @@ pub struct Frame {
     /// The stream's events that come before this frame (see [`crate::wire`]), in order: the
     /// producer's encoding (gpushmsink's: `src/events.rs`).
     pub events: Vec<Arc<str>>,
+    /// The producer's metas of this frame that the ring has no field for (see
+    /// [`crate::wire`], FrameMetas): the producer's encoding (gpushmsink's:
+    /// `src/custom_metas.rs`).
+    pub metas: Option<Arc<str>>,
 }
 
 // SAFETY: `ptr` points into a read-only mapping kept alive by `lease`.

@@ -27,6 +27,7 @@
 //! | 9 Query   | tool → sink | flags u32 (0) | – |
 //! | 10 Report | sink → tool | a [`StreamReport`] (encoded in `report.rs`) | – |
 //! | 12 Upstream | src → sink | payload str (opaque to the core: a consumer's custom upstream event, force-key-unit included, see `src/events.rs`) | – |
+//! | 13 FrameMetas | sink → src | seq u64, payload str (opaque to the core: gpushmsink's encoding of a frame's metas, see `src/custom_metas.rs`) | – |
 //! | 11 Event  | sink → src | seq u32, payload str (opaque to the core: gpushmsink's encoding of a tag or custom event, see `src/events.rs`) | – |
 //!
 //! Event carries a serialized event of the producer's stream, in order with the frames: each
@@ -34,6 +35,10 @@
 //! before it, and a consumer hands out the events up to that `seq` before the frame (those
 //! left at the end before EOS). A consumer that connects gets the events the producer keeps
 //! for late joiners (the current tags) after Caps.
+//!
+//! FrameMetas carries the metas of frame `seq` that the ring has no field for; it is sent
+//! before the frame, whose [`crate::ring::layout::STREAM_HAS_METAS`] flag says to look for it
+//! (the latest for that seq counts).
 //!
 //! Upstream is the one message a consumer sends after Hello besides Close: the producer takes
 //! [`crate::server::Server::set_upstream_rate`] of them a second per consumer at most (the rest
@@ -66,7 +71,7 @@
 //! "protocol version 3 is not supported (this side speaks 2)"). Version 4 replaced the two
 //! eventfds of Welcome with doorbell sockets: an eventfd's O_NONBLOCK flag is shared with the
 //! peer, which could clear it and make the other side block for good. Version 5 added
-//! DeviceMemory. Version 6 added Query and Report. Version 7 added Event and Upstream.
+//! DeviceMemory. Version 6 added Query and Report. Version 7 added Event, Upstream and FrameMetas.
 //!
 //! - this file: the header, the constants and [`Message`] with its encoding;
 //! - `report.rs`: the figures a Report carries ([`StreamReport`], [`ClientReport`]);
@@ -165,6 +170,11 @@ pub enum Message {
     Upstream {
         payload: String,
     },
+    /// The metas of frame `seq`, sent before it.
+    FrameMetas {
+        seq: u64,
+        payload: String,
+    },
 }
 
 impl Message {
@@ -182,6 +192,7 @@ impl Message {
             Message::Report(_) => 10,
             Message::Event { .. } => 11,
             Message::Upstream { .. } => 12,
+            Message::FrameMetas { .. } => 13,
         }
     }
 
@@ -245,6 +256,10 @@ impl Message {
                 put_str(&mut p, payload);
             }
             Message::Upstream { payload } => put_str(&mut p, payload),
+            Message::FrameMetas { seq, payload } => {
+                p.extend_from_slice(&seq.to_le_bytes());
+                put_str(&mut p, payload);
+            }
         }
         let mut out = Vec::with_capacity(HEADER_LEN + p.len());
         out.extend_from_slice(&WIRE_MAGIC.to_le_bytes());
@@ -341,6 +356,10 @@ impl Message {
                 payload: r.str()?,
             },
             12 => Message::Upstream { payload: r.str()? },
+            13 => Message::FrameMetas {
+                seq: r.u64()?,
+                payload: r.str()?,
+            },
             k => return Err(Error::protocol(format!("unknown message kind {k}"))),
         };
         if !r.buf.is_empty() {

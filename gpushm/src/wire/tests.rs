@@ -79,6 +79,10 @@ fn all() -> Vec<Message> {
             gpu_uuid: *b"0123456789abcdef",
             size: 1 << 30,
         },
+        Message::FrameMetas {
+            seq: u64::MAX,
+            payload: "c my-meta my-meta, n=(int)1;".into(),
+        },
         Message::Upstream {
             payload: "custom-upstream\nGstForceKeyUnit, all-headers=(boolean)true;".into(),
         },

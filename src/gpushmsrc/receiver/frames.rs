@@ -601,6 +601,11 @@ impl Worker {
                     }
                 }
             }
+            if let Some(p) = frame.metas.as_deref() {
+                for why in crate::custom_metas::apply(p, b) {
+                    gst::debug!(CAT, "a meta of the producer left out: {why}");
+                }
+            }
             if let Some(tc) = m.timecode {
                 let fps =
                     (tc.fps_d > 0 && tc.fps_d <= i32::MAX as u32 && tc.fps_n <= i32::MAX as u32)
