@@ -12,10 +12,12 @@ use std::time::Duration;
 use gst::prelude::*;
 
 /// A producer in this process (appsrc) puts a custom meta `gpushm-roi` (x, y, a label) on
-/// frames 2 and 5 of 10 and a 70 KiB one on frame 7; a consumer process prints the custom
-/// metas of each frame: frames 2 and 5 carry theirs, with every field, no other frame has one,
-/// frame 7 arrives without its oversized meta, and every frame arrives. Before, no custom
-/// meta reached a consumer.
+/// frames 2 and 5 of 10, a 70 KiB one on frame 7 and one named like GStreamer's own
+/// (`GstEvilMeta`) on frame 5; a consumer process prints the custom metas of each frame:
+/// frames 2 and 5 carry `gpushm-roi`, with every field, no other frame has one, frame 7 arrives
+/// without its oversized meta, the Gst-named one is not registered in the consumer (a producer
+/// must not take GStreamer's names there), and every frame arrives. Before, no custom meta
+/// reached a consumer.
 #[test]
 fn custom_metas_reach_the_consumer_with_their_frame() {
     init();
@@ -48,6 +50,7 @@ fn custom_metas_reach_the_consumer_with_their_frame() {
     let consumer = Proc::spawn(c, "consumer");
     gst::meta::CustomMeta::register_simple("gpushm-roi");
     gst::meta::CustomMeta::register_simple("gpushm-huge");
+    gst::meta::CustomMeta::register_simple("GstEvilMeta");
     for i in 0..10u64 {
         let mut b = gst::Buffer::from_mut_slice(vec![i as u8; 64 * 48]);
         {
@@ -60,6 +63,10 @@ fn custom_metas_reach_the_consumer_with_their_frame() {
                 m.mut_structure().set("x", i as i32 * 10);
                 m.mut_structure().set("y", 7i32);
                 m.mut_structure().set("label", format!("face {i}"));
+            }
+            if i == 5 {
+                let mut m = gst::meta::CustomMeta::add(bm, "GstEvilMeta").unwrap();
+                m.mut_structure().set("n", 1i32);
             }
             if i == 7 {
                 let mut m = gst::meta::CustomMeta::add(bm, "gpushm-huge").unwrap();
