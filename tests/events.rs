@@ -58,8 +58,9 @@ fn wait_for_clients(sink: &gst::Element, n: u32) {
     }
 }
 
-/// Two consumers of one producer (an appsrc that sends a stream tag, a global tag before the
-/// first buffer, and custom events after the 10th and 20th of 30 buffers): each sees the tags
+/// Two consumers of one producer (this thread pushes a stream tag and a global tag before the
+/// first buffer, custom events after the 10th and 20th of 30 buffers and a custom-both one
+/// after the 15th, straight into gpushmsink's sink pad): each sees the tags
 /// before the first buffer, `marker n=10` after exactly 10 buffers and `n=20` after 20, a
 /// custom-both event where it was sent, and every buffer. Before, no tag or custom event
 /// reached a consumer (taginject's title was lost to every recorder behind gpushm).
@@ -69,23 +70,32 @@ fn tags_and_custom_events_reach_every_consumer_in_order_with_the_buffers() {
     let _g = serial();
     let dir = tmpdir();
     let sock = dir.path().join("events.sock");
-    let producer = gst::parse::launch(&format!(
-        "appsrc name=src format=time caps=video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
-         ! gpushmsink name=sink socket-path={} sync=false",
-        sock.display()
-    ))
-    .unwrap()
-    .downcast::<gst::Pipeline>()
-    .unwrap();
-    producer.set_state(gst::State::Playing).unwrap();
+    // This thread pushes into gpushmsink through a pad of its own: each event reaches it
+    // exactly between the buffers it was pushed between (appsrc would push its events before
+    // whichever buffer its streaming thread takes next).
+    let sink = gst::ElementFactory::make("gpushmsink")
+        .property("socket-path", sock.to_str().unwrap())
+        .property("sync", false)
+        .build()
+        .unwrap();
+    let pad = gst::Pad::builder(gst::PadDirection::Src).build();
+    pad.link(&sink.static_pad("sink").unwrap()).unwrap();
+    pad.set_active(true).unwrap();
+    let _ = sink.set_state(gst::State::Playing);
+    assert!(pad.push_event(gst::event::StreamStart::new("events")));
+    assert!(pad.push_event(gst::event::Caps::new(
+        &"video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1"
+            .parse::<gst::Caps>()
+            .unwrap()
+    )));
+    assert!(
+        pad.push_event(gst::event::Segment::new(&gst::FormattedSegment::<
+            gst::ClockTime,
+        >::new()))
+    );
     wait_for_path(&sock, Duration::from_secs(10));
     let consumers = [consumer(&sock, ""), consumer(&sock, "")];
-    wait_for_clients(&producer.by_name("sink").unwrap(), 2);
-    let src = producer
-        .by_name("src")
-        .unwrap()
-        .downcast::<gst_app::AppSrc>()
-        .unwrap();
+    wait_for_clients(&sink, 2);
     let tags = |title: &str, scope| {
         let mut t = gst::TagList::new();
         let tm = t.get_mut().unwrap();
@@ -93,34 +103,26 @@ fn tags_and_custom_events_reach_every_consumer_in_order_with_the_buffers() {
         tm.set_scope(scope);
         gst::event::Tag::new(t)
     };
-    assert!(src.send_event(tags("hello-stream", gst::TagScope::Stream)));
-    assert!(src.send_event(tags("hello-global", gst::TagScope::Global)));
+    assert!(pad.push_event(tags("hello-stream", gst::TagScope::Stream)));
+    assert!(pad.push_event(tags("hello-global", gst::TagScope::Global)));
     for i in 0..30u64 {
         if i == 10 || i == 20 {
             let s = gst::Structure::builder("marker")
                 .field("n", i as i32)
                 .build();
-            assert!(src.send_event(gst::event::CustomDownstream::new(s)));
+            assert!(pad.push_event(gst::event::CustomDownstream::new(s)));
         }
         if i == 15 {
             let s = gst::Structure::builder("both").field("n", 15i32).build();
-            assert!(src.send_event(gst::event::CustomBoth::new(s)));
+            assert!(pad.push_event(gst::event::CustomBoth::new(s)));
         }
         let mut b = gst::Buffer::from_mut_slice(vec![i as u8; 64 * 48]);
         let bm = b.get_mut().unwrap();
         bm.set_pts(gst::ClockTime::from_mseconds(i * 33));
         bm.set_duration(gst::ClockTime::from_mseconds(33));
-        src.push_buffer(b).unwrap();
+        assert_eq!(pad.push(b), Ok(gst::FlowSuccess::Ok));
     }
-    src.end_of_stream().unwrap();
-    let msg = producer.bus().unwrap().timed_pop_filtered(
-        gst::ClockTime::from_seconds(30),
-        &[gst::MessageType::Eos, gst::MessageType::Error],
-    );
-    assert!(matches!(
-        msg.map(|m| m.type_()),
-        Some(gst::MessageType::Eos)
-    ));
+    assert!(pad.push_event(gst::event::Eos::new()));
     for c in consumers {
         let (st, out) = c.finish(Duration::from_secs(30));
         assert!(st.success(), "{out:?}");
@@ -139,7 +141,7 @@ fn tags_and_custom_events_reach_every_consumer_in_order_with_the_buffers() {
         assert_eq!(buffers_before("marker, n=(int)20"), 20, "{seen:#?}");
         assert_eq!(seen.iter().filter(|l| *l == "B").count(), 30);
     }
-    producer.set_state(gst::State::Null).unwrap();
+    sink.set_state(gst::State::Null).unwrap();
 }
 
 /// A consumer that joins a live producer 1 s in gets the stream's current tags (taginject
