@@ -18,14 +18,16 @@ impl GpuShmSink {
             return;
         };
         match enc {
-            Ok(e) => server.send_event(&e.payload, e.sticky_key.as_deref()),
+            Ok(e) => {
+                server.send_event(&e.payload, e.sticky_key.as_deref());
+                gst::trace!(CAT, imp = self, "event sent to consumers: {event:?}");
+            }
             Err(why) => gst::element_imp_warning!(
                 self,
                 gst::StreamError::Encode,
                 ("Not sent to consumers: {}", why)
             ),
         }
-        gst::trace!(CAT, imp = self, "event sent to consumers: {event:?}");
     }
 }
 
