@@ -134,15 +134,10 @@ fn a_live_stream_without_caps_gets_its_caps_from_a_capsfilter() {
         "producer",
     );
     wait_for_path(&sock, Duration::from_secs(10));
-    let mut c = std::process::Command::new("gst-launch-1.0");
-    c.arg("-v").args(
-        format!(
-            "gpushmsrc socket-path={} mode=lossless ! video/x-raw,format=GRAY8,width=32,height=24,framerate=20/1 ! fakesink silent=false",
-            sock.display()
-        )
-        .split_whitespace(),
-    );
-    with_plugin_path(&mut c);
+    let c = gst_launch_verbose(&format!(
+        "gpushmsrc socket-path={} mode=lossless ! video/x-raw,format=GRAY8,width=32,height=24,framerate=20/1 ! fakesink silent=false",
+        sock.display()
+    ));
     let (st, lines) = Proc::spawn(c, "consumer").finish(Duration::from_secs(30));
     assert!(st.success(), "{lines:?}");
     let chains = lines

@@ -61,6 +61,16 @@ pub fn gst_launch(pipeline: &str) -> Command {
     c
 }
 
+/// gst-launch-1.0 with `-v` (not quiet): it prints each `silent=false` element's
+/// last-message (fakesink, identity), one line per event and buffer.
+pub fn gst_launch_verbose(pipeline: &str) -> Command {
+    let mut c = Command::new("gst-launch-1.0");
+    c.arg("-v");
+    c.args(pipeline.split_whitespace());
+    with_plugin_path(&mut c);
+    c
+}
+
 /// Puts this build's plugin on GST_PLUGIN_PATH for a child process that loads it by name.
 pub fn with_plugin_path(c: &mut Command) {
     let dir = build_dir();
