@@ -427,19 +427,7 @@ impl<P: Send + 'static> Server<P> {
             seq,
             payload: payload.to_string(),
         };
-        let len = crate::wire::HEADER_LEN + 8 + payload.len();
-        let (mut failed, mut missed) = (Vec::new(), Vec::new());
-        for c in inner.clients.open() {
-            if !c.conn.has_room(len) {
-                // It does not read its socket for now: it misses this event, not its stream.
-                missed.push(c.id);
-            } else if let Err(e) = c.conn.send(&msg, &[]) {
-                failed.push((c.id, e.to_string()));
-            }
-        }
-        for (id, why) in failed {
-            self.drop_client(&mut inner, id, why);
-        }
+        let missed = self.send_optional(&mut inner, &msg);
         for id in missed {
             inner.events.push(Event::Info(format!(
                 "client {id} does not read its socket: it misses an event of the stream \
@@ -458,17 +446,27 @@ impl<P: Send + 'static> Server<P> {
             seq: inner.stream.next_seq,
             payload: payload.to_string(),
         };
-        let len = crate::wire::HEADER_LEN + 12 + payload.len();
-        let failed: Vec<(u32, String)> = inner
-            .clients
-            .open()
-            .filter(|c| c.conn.has_room(len))
-            .filter_map(|c| c.conn.send(&msg, &[]).err().map(|e| (c.id, e.to_string())))
-            .collect();
-        for (id, why) in failed {
-            self.drop_client(&mut inner, id, why);
-        }
+        // A client without room misses them: its frame comes without these metas.
+        self.send_optional(&mut inner, &msg);
         self.unlock_and_emit(inner);
+    }
+
+    /// Sends `msg`, one a client can do without, to every open client with room on its
+    /// socket ([`crate::wire::Conn::send_if_room`]); drops those whose send fails. Returns
+    /// the clients that had no room.
+    fn send_optional(&self, inner: &mut Inner<P>, msg: &Message) -> Vec<u32> {
+        let (mut failed, mut missed) = (Vec::new(), Vec::new());
+        for c in inner.clients.open() {
+            match c.conn.send_if_room(msg) {
+                Ok(true) => {}
+                Ok(false) => missed.push(c.id),
+                Err(e) => failed.push((c.id, e.to_string())),
+            }
+        }
+        for (id, why) in failed {
+            self.drop_client(inner, id, why);
+        }
+        missed
     }
 
     /// Consumers' upstream events taken a second per consumer at most (0: none; see

@@ -111,13 +111,22 @@ impl Conn {
         self.stream.as_raw_fd()
     }
 
-    /// Sends `msg` with `fds`; never blocks: a peer whose socket buffer is full (it stopped
-    /// reading) gets an error instead of stalling the sender.
-    /// Whether the socket's send buffer has room for `bytes` more with
-    /// [`SEND_RESERVE`] left over: the peer reads what we sent before. Optional messages
-    /// (events) are sent only then, so a peer that stops reading for a while misses them
-    /// instead of being cut when a needed one (a new ring, EOS) finds the buffer full.
-    pub fn has_room(&self, bytes: usize) -> bool {
+    /// Sends `msg`, one the peer can do without (an event, a frame's metas), only if the
+    /// socket's send buffer has room for it with [`SEND_RESERVE`] left over: a peer that
+    /// stops reading for a while misses such messages instead of being cut when a needed one
+    /// (a new ring, EOS) finds the buffer full. `Ok(false)`: not sent, no room.
+    pub fn send_if_room(&self, msg: &Message) -> Result<bool> {
+        let bytes = msg.encode();
+        if !self.has_room(bytes.len()) {
+            return Ok(false);
+        }
+        self.send_encoded(&bytes, &[])?;
+        Ok(true)
+    }
+
+    /// Whether the send buffer has room for `bytes` more with [`SEND_RESERVE`] left over
+    /// (the peer reads what we sent before).
+    fn has_room(&self, bytes: usize) -> bool {
         let fd = self.stream.as_raw_fd();
         let mut queued: nix::libc::c_int = 0;
         // SAFETY: TIOCOUTQ (SIOCOUTQ) writes one int: the bytes sent and not yet read by the
@@ -133,6 +142,8 @@ impl Conn {
         (queued.max(0) as usize).saturating_add(bytes + SEND_RESERVE) <= size
     }
 
+    /// Sends `msg` with `fds`; never blocks: a peer whose socket buffer is full (it stopped
+    /// reading) gets an error instead of stalling the sender.
     pub fn send(&self, msg: &Message, fds: &[BorrowedFd<'_>]) -> Result<()> {
         if fds.len() as u32 != msg.expected_fds() {
             return Err(Error::protocol(format!(
@@ -141,7 +152,11 @@ impl Conn {
                 fds.len()
             )));
         }
-        let bytes = msg.encode();
+        self.send_encoded(&msg.encode(), fds)
+    }
+
+    /// Sends the bytes of an encoded message with `fds` (see [`Self::send`]).
+    fn send_encoded(&self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let mut sent = 0;
         while sent < bytes.len() {
