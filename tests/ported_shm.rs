@@ -189,8 +189,22 @@ fn a_stream_without_caps_ends_cleanly_or_reports_its_producer_gone() {
     );
     wait_for_path(&sock, Duration::from_secs(10));
     let out = dir.path().join("killed.bin");
-    let c = recorder(&sock, &out, "reconnect=false");
-    std::thread::sleep(Duration::from_millis(1500));
+    // Unbuffered, so the file shows what the consumer received before the kill: kill only
+    // once it has received something (a loaded machine may take seconds to start gst-launch).
+    let c = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc socket-path={} mode=lossless reconnect=false ! filesink buffer-mode=unbuffered location={}",
+            sock.display(),
+            out.display()
+        )),
+        "consumer",
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::fs::metadata(&out).map_or(0, |m| m.len()) == 0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     producer.kill9();
     let (st, lines) = c.finish(Duration::from_secs(30));
     assert!(!st.success(), "the consumer did not notice: {lines:?}");
@@ -199,5 +213,5 @@ fn a_stream_without_caps_ends_cleanly_or_reports_its_producer_gone() {
         "no readable error: {lines:?}"
     );
     let got = std::fs::metadata(&out).unwrap().len();
-    assert!(got > 0 && got.is_multiple_of(100), "{got} bytes");
+    assert!(got > 0 && got.is_multiple_of(100), "{got} bytes: {lines:?}");
 }
