@@ -147,7 +147,7 @@ fn a_late_consumer_gets_the_current_tags_first() {
     let sock = dir.path().join("late-tags.sock");
     let producer = Proc::spawn(
         gst_launch(&format!(
-            "videotestsrc is-live=true num-buffers=75 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+            "videotestsrc is-live=true num-buffers=150 ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
              ! taginject tags=\"title=late-joiner,language-code=fr\" ! gpushmsink socket-path={}",
             sock.display()
         )),
