@@ -23,14 +23,15 @@ mod cpu_latency;
 pub mod cuda;
 pub mod cudameta;
 mod cudasum;
-pub mod custom_metas;
 /// Tags and custom events as they travel from gpushmsink to gpushmsrc.
 pub mod events;
+pub mod frame_metas;
 pub mod geometry;
 mod gpushmsink;
 mod gpushmsrc;
 pub mod memory;
 pub mod pattern;
+pub mod serialized_metas;
 #[cfg(feature = "stages")]
 pub mod stages;
 

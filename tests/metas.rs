@@ -16,10 +16,11 @@ use gst::prelude::*;
 /// (`GstEvilMeta`) on frame 5; a consumer process prints the custom metas of each frame:
 /// frames 2 and 5 carry `gpushm-roi`, with every field, no other frame has one, frame 7 arrives
 /// without its oversized meta, the Gst-named one is not registered in the consumer (a producer
-/// must not take GStreamer's names there), and every frame arrives. Before, no custom meta
-/// reached a consumer.
+/// must not take GStreamer's names there), and every frame arrives. Frame 3 carries two
+/// GstReferenceTimestampMetas (UNIX and NTP times), which arrive on frame 3 with their times
+/// and caps. Before, neither kind reached a consumer.
 #[test]
-fn custom_metas_reach_the_consumer_with_their_frame() {
+fn custom_metas_and_reference_timestamps_reach_the_consumer_with_their_frame() {
     init();
     let dir = tmpdir();
     let sock = dir.path().join("metas.sock");
@@ -68,6 +69,25 @@ fn custom_metas_reach_the_consumer_with_their_frame() {
                 let mut m = gst::meta::CustomMeta::add(bm, "GstEvilMeta").unwrap();
                 m.mut_structure().set("n", 1i32);
             }
+            if i == 3 {
+                // A camera's wall-clock time and an RTP source's NTP time.
+                let unix = gst::Caps::new_empty_simple("timestamp/x-unix");
+                let ntp = gst::Caps::builder("timestamp/x-ntp")
+                    .field("host", "cam.local")
+                    .build();
+                gst::ReferenceTimestampMeta::add(
+                    bm,
+                    &unix,
+                    gst::ClockTime::from_seconds(1_790_000_000),
+                    None,
+                );
+                gst::ReferenceTimestampMeta::add(
+                    bm,
+                    &ntp,
+                    gst::ClockTime::from_nseconds(3_999_999_999),
+                    Some(gst::ClockTime::from_mseconds(33)),
+                );
+            }
             if i == 7 {
                 let mut m = gst::meta::CustomMeta::add(bm, "gpushm-huge").unwrap();
                 m.mut_structure().set("blob", "x".repeat(70 * 1024));
@@ -101,6 +121,17 @@ fn custom_metas_reach_the_consumer_with_their_frame() {
             "{line}"
         );
     }
+    // Reference timestamps on frame 3 only, both, in order; the consumer's own publish time
+    // is not printed (it is on every frame).
+    let refts: Vec<&String> = out.iter().filter(|l| l.starts_with("REFTS ")).collect();
+    assert_eq!(
+        refts,
+        [
+            "REFTS n=3 1790000000000000000 - timestamp/x-unix",
+            "REFTS n=3 3999999999 33000000 timestamp/x-ntp, host=(string)cam.local",
+        ],
+        "{out:#?}"
+    );
     let s = fields(&out, "SUMMARY ");
     assert_eq!(num(&s, "frames"), 10.0, "{out:?}");
 }

@@ -142,13 +142,13 @@ impl GpuShmSink {
         };
         let gen = ring.ring_gen();
         // Custom metas travel beside the frame (the ring has no field for them).
-        let (frame_metas, left_out) = crate::custom_metas::encode(buffer);
+        let (frame_metas, left_out) = crate::frame_metas::encode(buffer);
         if !left_out.is_empty() {
             gst::warning!(
                 CAT,
                 imp = self,
                 "custom metas over {} bytes left out: {left_out:?}",
-                crate::custom_metas::MAX_METAS_PAYLOAD
+                crate::frame_metas::MAX_METAS_PAYLOAD
             );
         }
         let publish = |slot: u32, mut meta: FrameMeta| {

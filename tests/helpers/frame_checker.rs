@@ -299,10 +299,21 @@ fn main() {
                     pts.map_or(-1, |p| p.nseconds() as i64),
                     plane_sums(caps, buffer)
                 );
-                // The producer's custom metas, one line each.
+                // The producer's custom metas and reference timestamps, one line each.
                 for m in buffer.iter_meta::<gst::Meta>() {
                     if let Some(c) = m.try_as_custom_meta() {
                         println!("META n={n} {} {}", m.type_().name(), c.structure());
+                    } else if let Some(r) = m
+                        .downcast_ref::<gst::ReferenceTimestampMeta>()
+                        .filter(|r| r.reference().to_string() != gstgpushm::PUBLISH_TIMESTAMP_CAPS)
+                    {
+                        println!(
+                            "REFTS n={n} {} {} {}",
+                            r.timestamp().nseconds(),
+                            r.duration()
+                                .map_or("-".into(), |d| d.nseconds().to_string()),
+                            r.reference()
+                        );
                     }
                 }
             }

@@ -21,7 +21,7 @@ pub struct Frame {
     pub events: Vec<Arc<str>>,
     /// The producer's metas of this frame that the ring has no field for (see
     /// [`crate::wire`], FrameMetas): the producer's encoding (gpushmsink's:
-    /// `src/custom_metas.rs`).
+    /// `src/frame_metas.rs`).
     pub metas: Option<Arc<str>>,
 }
 

@@ -27,7 +27,7 @@
 //! | 9 Query   | tool → sink | flags u32 (0) | – |
 //! | 10 Report | sink → tool | a [`StreamReport`] (encoded in `report.rs`) | – |
 //! | 12 Upstream | src → sink | payload str (opaque to the core: a consumer's custom upstream event, force-key-unit included, see `src/events.rs`) | – |
-//! | 13 FrameMetas | sink → src | seq u64, payload str (opaque to the core: gpushmsink's encoding of a frame's metas, see `src/custom_metas.rs`) | – |
+//! | 13 FrameMetas | sink → src | seq u64, payload str (opaque to the core: gpushmsink's encoding of a frame's metas, see `src/frame_metas.rs`) | – |
 //! | 11 Event  | sink → src | seq u32, payload str (opaque to the core: gpushmsink's encoding of a tag or custom event, see `src/events.rs`) | – |
 //!
 //! Event carries a serialized event of the producer's stream, in order with the frames: each

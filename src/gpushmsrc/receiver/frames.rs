@@ -602,7 +602,7 @@ impl Worker {
                 }
             }
             if let Some(p) = frame.metas.as_deref() {
-                for why in crate::custom_metas::apply(p, b) {
+                for why in crate::frame_metas::apply(p, b) {
                     gst::debug!(CAT, "a meta of the producer left out: {why}");
                 }
             }
