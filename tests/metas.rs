@@ -12,9 +12,10 @@ use std::time::Duration;
 use gst::prelude::*;
 
 /// A producer in this process (appsrc) puts a custom meta `gpushm-roi` (x, y, a label) on
-/// frames 2 and 5 of 10, a 70 KiB one on frame 7 and one named like GStreamer's own
+/// frames 0, 2 and 5 of 10 (frame 0's were lost before: sent before the wait for the first
+/// consumer), a 70 KiB one on frame 7 and one named like GStreamer's own
 /// (`GstEvilMeta`) on frame 5; a consumer process prints the custom metas of each frame:
-/// frames 2 and 5 carry `gpushm-roi`, with every field, no other frame has one, frame 7 arrives
+/// frames 0, 2 and 5 carry `gpushm-roi`, with every field, no other frame has one, frame 7 arrives
 /// without its oversized meta, the Gst-named one is not registered in the consumer (a producer
 /// must not take GStreamer's names there), and every frame arrives. Frame 3 carries two
 /// GstReferenceTimestampMetas (UNIX and NTP times), which arrive on frame 3 with their times
@@ -59,7 +60,7 @@ fn custom_metas_and_reference_timestamps_reach_the_consumer_with_their_frame() {
             bm.set_pts(gst::ClockTime::from_mseconds(i * 33));
             bm.set_duration(gst::ClockTime::from_mseconds(33));
             bm.set_offset(i);
-            if i == 2 || i == 5 {
+            if i == 0 || i == 2 || i == 5 {
                 let mut m = gst::meta::CustomMeta::add(bm, "gpushm-roi").unwrap();
                 m.mut_structure().set("x", i as i32 * 10);
                 m.mut_structure().set("y", 7i32);
@@ -108,8 +109,8 @@ fn custom_metas_and_reference_timestamps_reach_the_consumer_with_their_frame() {
     let (st, out) = consumer.finish(Duration::from_secs(30));
     assert!(st.success(), "{out:?}");
     let metas: Vec<&String> = out.iter().filter(|l| l.starts_with("META ")).collect();
-    assert_eq!(metas.len(), 2, "{out:#?}");
-    for (line, i) in metas.iter().zip([2, 5]) {
+    assert_eq!(metas.len(), 3, "{out:#?}");
+    for (line, i) in metas.iter().zip([0, 2, 5]) {
         assert!(
             line.starts_with(&format!("META n={i} gpushm-roi ")),
             "{line}"

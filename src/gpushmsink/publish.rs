@@ -153,9 +153,7 @@ impl GpuShmSink {
         }
         let publish = |slot: u32, mut meta: FrameMeta| {
             meta.has_metas = frame_metas.is_some();
-            if let Some(p) = &frame_metas {
-                server.send_frame_metas(p);
-            }
+            server.set_frame_metas(frame_metas.as_deref());
             if info.is_none() {
                 meta.payload_size = buffer.size() as u64;
             }

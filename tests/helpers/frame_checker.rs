@@ -232,7 +232,12 @@ fn main() {
                 caps_seen.push(caps_str);
             }
             let buffer = sample.buffer().expect("sample buffer");
-            let n = buffer.offset();
+            // gpushmsrc numbers video frames in the offset; other streams keep the producer's,
+            // which may be none: count them here then.
+            let n = match buffer.offset() {
+                u64::MAX => n_frames,
+                o => o,
+            };
             if last_n.is_some_and(|l: u64| n != l + 1) {
                 gaps += 1;
             }
@@ -262,7 +267,7 @@ fn main() {
             last_pts = pts;
             match (first, pts, buffer.duration()) {
                 (None, Some(p), _) => first = Some((n, p)),
-                (Some(_), Some(_), Some(_)) if !a.exact_pts => {}
+                (Some(_), Some(_), _) if !a.exact_pts => {}
                 (Some((n0, p0)), Some(p), Some(d)) => {
                     // Sources round n * 1s / fps while the duration is truncated: allow the
                     // truncation, under 1 ns per frame.

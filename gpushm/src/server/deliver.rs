@@ -20,6 +20,7 @@ use crate::policy::{
 };
 use crate::ring::frame::{Entry, FrameMeta};
 use crate::ring::shm;
+use crate::wire::Message;
 use crate::Result;
 
 /// Time between two looks at the clients' releases in the low-latency wait. A look takes our
@@ -149,6 +150,10 @@ impl<P: Send + 'static> Server<P> {
         }
         let seq = inner.stream.next_seq;
         inner.stream.next_seq += 1;
+        if let Some(payload) = inner.stream.next_metas.take() {
+            // A client without room misses them: its frame comes without these metas.
+            self.send_optional(inner, &Message::FrameMetas { seq, payload });
+        }
         meta.caps_gen = inner.stream.caps.as_ref().map_or(0, |c| c.0);
         meta.events_seq = inner.stream.events_seq;
         meta.publish_ns = crate::monotonic_ns();

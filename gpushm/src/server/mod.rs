@@ -140,6 +140,9 @@ struct Stream {
     eos: bool,
     /// The seq of the next frame published.
     next_seq: u64,
+    /// The metas of the next frame published, sent just before it (see
+    /// [`Server::set_frame_metas`]).
+    next_metas: Option<String>,
     /// The seq of the last Event sent (0: none yet); each frame carries the one before it.
     events_seq: u32,
     /// The latest event of each sticky key (seq, payload), sent to a client as it connects:
@@ -259,6 +262,7 @@ impl<P: Send + 'static> Server<P> {
                     caps: None,
                     eos: false,
                     next_seq: 1,
+                    next_metas: None,
                     events_seq: 0,
                     sticky: Vec::new(),
                     backlog_limit: None,
@@ -437,18 +441,14 @@ impl<P: Send + 'static> Server<P> {
         self.unlock_and_emit(inner);
     }
 
-    /// Sends the metas of the next frame published (their payload is the caller's encoding,
-    /// see [`crate::wire`]) to every client with room on its socket; the caller publishes
-    /// that frame with [`crate::ring::frame::FrameMeta::has_metas`] set.
-    pub fn send_frame_metas(&self, payload: &str) {
-        let mut inner = self.lock();
-        let msg = Message::FrameMetas {
-            seq: inner.stream.next_seq,
-            payload: payload.to_string(),
-        };
-        // A client without room misses them: its frame comes without these metas.
-        self.send_optional(&mut inner, &msg);
-        self.unlock_and_emit(inner);
+    /// Sets the metas of the next frame published (their payload is the caller's encoding,
+    /// see [`crate::wire`]; `None`: it has none); the caller publishes that frame with
+    /// [`crate::ring::frame::FrameMeta::has_metas`] set. [`Self::publish_frame`] sends them
+    /// to every client with room on its socket just before the frame, under the same lock:
+    /// a client that connects while the producer waits (wait-for-connection, or room in
+    /// lossless clients) gets them too.
+    pub fn set_frame_metas(&self, payload: Option<&str>) {
+        self.lock().stream.next_metas = payload.map(str::to_string);
     }
 
     /// Sends `msg`, one a client can do without, to every open client with room on its
