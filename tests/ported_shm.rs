@@ -215,3 +215,56 @@ fn a_stream_without_caps_ends_cleanly_or_reports_its_producer_gone() {
     let got = std::fs::metadata(&out).unwrap().len();
     assert!(got > 0 && got.is_multiple_of(100), "{got} bytes: {lines:?}");
 }
+
+/// shmsink users' fill-and-resume case: a consumer that stops taking buffers while a
+/// producer without caps pushes flat out (200 buffers of 1000 bytes: far more than the ring
+/// holds) fills the ring; the producer waits (lossless, within its max-wait), and when the
+/// consumer takes again every byte arrives, in order (fakesrc's pattern spans buffers: byte
+/// k of the stream is k mod 256).
+#[test]
+fn a_full_ring_holds_the_producer_until_the_consumer_resumes_and_nothing_is_lost() {
+    init();
+    let _g = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fill.sock");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "fakesrc num-buffers=200 sizetype=fixed sizemax=1000 filltype=pattern-span \
+             ! gpushmsink socket-path={} wait-for-connection=true max-wait=10000000000",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc socket-path={} mode=lossless ! appsink name=sink sync=false max-buffers=1",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let sink = consumer
+        .by_name("sink")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    let first = sink
+        .try_pull_sample(gst::ClockTime::from_seconds(20))
+        .expect("a first buffer");
+    let mut all = first.buffer().unwrap().map_readable().unwrap().to_vec();
+    // Nothing taken for 1.5 s: the ring fills and the producer waits.
+    std::thread::sleep(Duration::from_millis(1500));
+    while let Some(s) = sink.try_pull_sample(gst::ClockTime::from_seconds(10)) {
+        all.extend_from_slice(&s.buffer().unwrap().map_readable().unwrap());
+        if sink.is_eos() {
+            break;
+        }
+    }
+    consumer.set_state(gst::State::Null).unwrap();
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(ps.success(), "{pout:?}");
+    assert_eq!(all.len(), 200_000);
+    let wrong = all.iter().enumerate().position(|(k, &b)| b != k as u8);
+    assert_eq!(wrong, None, "the bytes differ from the pattern there");
+}
