@@ -345,6 +345,87 @@ fn extreme_timing_values_from_a_producer_never_crash_a_consumer() {
     drop(c);
 }
 
+/// Metas a hostile producer sends beside its frames (FrameMetas, on the control socket) never
+/// crash a consumer nor reach its pipeline wrongly: a serialized meta whose name length
+/// overflows GStreamer's own check (8 + 0xFFFFFFFF + 2 wraps to 9), another process's CUDA
+/// pointers (GpuShmCudaMeta), a spoofed publish time, a video layout meta, a kind that does
+/// not exist, a frame flagged with metas that never came. Every frame arrives with its bytes;
+/// the only metas the consumer sees are the valid custom ones on frames 0 and 3 (frame 3's
+/// near the 64 KiB a message holds).
+#[test]
+fn hostile_metas_from_a_producer_are_skipped_and_every_frame_arrives() {
+    let _s = serial();
+    let dir = tmpdir();
+    let sock = dir.path().join("fake.sock");
+    let fake = FakeProducer::new(&sock);
+    let consumer = checker(&sock, &["--frames", "8", "--no-reconnect", "--lossless"]);
+    let mut c = fake.accept();
+    let serialized = |name: &[u8], name_len: u32| {
+        let mut v = ((8 + name.len() + 2) as u32).to_le_bytes().to_vec();
+        v.extend_from_slice(&name_len.to_le_bytes());
+        v.extend_from_slice(name);
+        v.extend_from_slice(&[0, 1]);
+        format!("s {}\n", gst::glib::base64_encode(&v))
+    };
+    let big = format!(
+        "c gpushm-big x, blob=(string){};\n",
+        "y".repeat(gpushm::wire::MAX_PAYLOAD as usize - 200)
+    );
+    let payloads: [Option<String>; 8] = [
+        Some("c gpushm-ok x, n=(int)1;\n".into()),
+        Some(serialized(b"abcd", u32::MAX)),
+        Some(
+            "c GpuShmCudaMeta x, cuda-device=(int)0, device-ptr=(guint64)4096, size=(guint64)3072, read-only=(boolean)true;\n"
+                .into(),
+        ),
+        Some(big),
+        Some("r 5 - timestamp/x-gpushm-publish\nz what is this\n".into()),
+        Some(serialized(b"GstVideoMeta", 12)),
+        Some("c 9bad x, n=(int)1;\nc gpushm-ok not a structure ((\n".into()),
+        None,
+    ];
+    for (n, payload) in payloads.into_iter().enumerate() {
+        let n = n as u64;
+        if let Some(payload) = payload {
+            c.conn
+                .send(
+                    &Message::FrameMetas {
+                        seq: n + 1,
+                        payload,
+                    },
+                    &[],
+                )
+                .unwrap();
+        }
+        let meta = FrameMeta {
+            has_metas: true,
+            ..Default::default()
+        };
+        fake.send(&mut c, n, meta);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let (status, out) = consumer.finish(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}\n{}", out.join("\n"));
+    let got: Vec<&String> = out.iter().filter(|l| l.starts_with("FRAME ")).collect();
+    assert_eq!(got.len(), 8, "{}", out.join("\n"));
+    for (n, l) in got.iter().enumerate() {
+        let f = fields(std::slice::from_ref(*l), "FRAME ");
+        assert_eq!(f["plane_sums"], (n * 64 * 48).to_string(), "frame {n}: {l}");
+    }
+    let metas: Vec<&String> = out
+        .iter()
+        .filter(|l| l.starts_with("META ") || l.starts_with("REFTS "))
+        .collect();
+    let short: Vec<String> = metas.iter().map(|l| gpushm::wire::cut_str(l, 60)).collect();
+    assert_eq!(metas.len(), 2, "{short:#?}");
+    assert_eq!(metas[0], "META n=0 gpushm-ok gpushm-ok, n=(int)1;");
+    assert!(
+        metas[1].starts_with("META n=3 gpushm-big gpushm-big, blob=(string)yyy"),
+        "{short:#?}"
+    );
+    drop(c);
+}
+
 /// Item 5: a plane whose stride is narrower than a row (stride 1, the plane at the end of
 /// the slot) is refused with a clear error instead of being read past its end.
 #[test]
