@@ -36,15 +36,15 @@ pub fn encode(buffer: &gst::BufferRef) -> (Option<String>, Vec<String>) {
     for m in buffer.iter_meta::<gst::Meta>() {
         let line = if let Some(c) = m.try_as_custom_meta() {
             // GpuShmCudaMeta: device pointers of this process, meaningless in another.
-            if crate::serialized_metas::describes_memory(m.api()) {
+            if api_describes_memory(m.api()) {
                 continue;
             }
             format!("c {} {}\n", m.type_().name(), c.structure())
         } else if let Some(r) = m.downcast_ref::<gst::ReferenceTimestampMeta>() {
-            let caps = r.reference().to_string();
-            if caps == crate::PUBLISH_TIMESTAMP_CAPS {
+            if is_publish_time(r.reference()) {
                 continue;
             }
+            let caps = r.reference().to_string();
             let duration = r
                 .duration()
                 .map_or("-".to_string(), |d| d.nseconds().to_string());
@@ -77,13 +77,30 @@ pub fn encode(buffer: &gst::BufferRef) -> (Option<String>, Vec<String>) {
     ((!out.is_empty()).then_some(out), left_out)
 }
 
+/// Metas one frame takes at most, valid or not: a payload of tiny lines would otherwise be
+/// thousands of parses per frame, and thousands of metas for downstream to search.
+pub const MAX_METAS_PER_FRAME: usize = 64;
+
 /// Adds the metas of `payload` to `buffer`. Returns why each one left out was.
 pub fn apply(payload: &str, buffer: &mut gst::BufferRef) -> Vec<String> {
     let mut why = Vec::new();
-    for line in payload.lines().filter(|l| !l.is_empty()) {
-        if let Err(e) = apply_line(line, buffer) {
+    let mut lines = payload.lines().filter(|l| !l.is_empty());
+    for line in lines.by_ref().take(MAX_METAS_PER_FRAME) {
+        // GLib's C strings end at a NUL: a name cut there would be another name (and
+        // gstreamer-rs asserts there is none).
+        let checked = match line.contains('\0') {
+            true => Err("a meta line with a NUL byte".to_string()),
+            false => apply_line(line, buffer),
+        };
+        if let Err(e) = checked {
             why.push(e);
         }
+    }
+    let more = lines.count();
+    if more > 0 {
+        why.push(format!(
+            "{more} metas beyond {MAX_METAS_PER_FRAME} for one frame"
+        ));
     }
     why
 }
@@ -116,11 +133,9 @@ fn apply_reference_timestamp(rest: &str, buffer: &mut gst::BufferRef) -> Result<
         d => Some(d.parse::<u64>().map_err(|_| bad())?),
     };
     let caps = gst::Caps::from_str(caps).map_err(|_| bad())?;
-    // The publish time is the consumer's own to add; ClockTime::NONE's value is no time.
-    if caps.to_string() == crate::PUBLISH_TIMESTAMP_CAPS
-        || ts == u64::MAX
-        || duration == Some(u64::MAX)
-    {
+    // The publish time is the consumer's own to add (looked up by a subset match, so any
+    // caps of that name would pass for it); ClockTime::NONE's value is no time.
+    if is_publish_time(&caps) || ts == u64::MAX || duration == Some(u64::MAX) {
         return Err(bad());
     }
     gst::ReferenceTimestampMeta::add(
@@ -132,12 +147,26 @@ fn apply_reference_timestamp(rest: &str, buffer: &mut gst::BufferRef) -> Result<
     Ok(())
 }
 
+/// Whether `caps` are those of gpushmsrc's publish-time reference timestamp.
+fn is_publish_time(caps: &gst::CapsRef) -> bool {
+    caps.iter()
+        .any(|s| s.name() == crate::PUBLISH_TIMESTAMP_CAPS)
+}
+
+/// Registered custom meta names are only checked, never registered twice: two consumers
+/// meeting a new name at once would both try.
+static REGISTERING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn apply_custom(rest: &str, buffer: &mut gst::BufferRef) -> Result<(), String> {
     let (name, body) = rest
         .split_once(' ')
         .ok_or_else(|| format!("a custom meta without its structure: {}", cut(rest)))?;
+    if !type_name_chars(name) {
+        return Err(format!("custom meta {}: not a meta name", cut(name)));
+    }
     let s = gst::Structure::from_str(body)
         .map_err(|_| format!("custom meta {} whose structure does not parse", cut(name)))?;
+    let registering = REGISTERING.lock().unwrap_or_else(|e| e.into_inner());
     if !gst::meta::CustomMeta::is_registered(name) {
         // GStreamer's own names are left to GStreamer: registered here as a custom meta
         // first, a library's meta of that name (GstVideoMeta) could not register after.
@@ -147,14 +176,16 @@ fn apply_custom(rest: &str, buffer: &mut gst::BufferRef) -> Result<(), String> {
                 cut(name)
             ));
         }
-        if REGISTERED.fetch_add(1, Ordering::Relaxed) >= MAX_REGISTERED {
+        if REGISTERED.load(Ordering::Relaxed) >= MAX_REGISTERED {
             return Err(format!(
                 "custom meta {}: this process registered {MAX_REGISTERED} custom metas from producers already",
                 cut(name)
             ));
         }
         gst::meta::CustomMeta::register_simple(name);
+        REGISTERED.fetch_add(1, Ordering::Relaxed);
     }
+    drop(registering);
     // A name registered here as another kind of meta is not a custom one.
     if !is_custom(name) {
         return Err(format!(
@@ -177,9 +208,9 @@ fn apply_custom(rest: &str, buffer: &mut gst::BufferRef) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether `name` can name a GType (what a meta's registration makes) that is not one
-/// already: letters, digits and `-_+`, starting with a letter or `_`, 3 to 128 long.
-fn valid_type_name(name: &str) -> bool {
+/// Whether `name` is made as a GType name is (what a meta's registration makes): letters,
+/// digits and `-_+`, starting with a letter or `_`, 3 to 128 long.
+fn type_name_chars(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() >= 3
         && name.len() <= 128
@@ -187,7 +218,23 @@ fn valid_type_name(name: &str) -> bool {
             .next()
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || "-_+".contains(c))
-        && gst::glib::Type::from_name(name).is_none()
+}
+
+/// Whether `name` can name a new GType: made as one, and not one already.
+fn valid_type_name(name: &str) -> bool {
+    type_name_chars(name) && gst::glib::Type::from_name(name).is_none()
+}
+
+/// Whether metas of `api` describe a buffer's memory (the `memory` tag): video and audio
+/// layouts, gpushm's CUDA pointers. They never travel: the ring's fields say where a frame is.
+pub(crate) fn api_describes_memory(api: gst::glib::Type) -> bool {
+    // SAFETY: a registered meta API type and a static tag.
+    unsafe {
+        gst::ffi::gst_meta_api_type_has_tag(
+            gst::glib::translate::IntoGlib::into_glib(api),
+            gst::glib::ffi::g_quark_from_static_string(c"memory".as_ptr()),
+        ) != 0
+    }
 }
 
 /// Whether the meta registered as `name` describes memory (GpuShmCudaMeta's device pointers):
@@ -197,7 +244,7 @@ fn describes_memory(name: &str) -> bool {
     // SAFETY: a NUL-terminated name; the info returned is static or NULL.
     unsafe {
         let info = gst::ffi::gst_meta_get_info(name.to_glib_none().0);
-        !info.is_null() && crate::serialized_metas::describes_memory(from_glib((*info).api))
+        !info.is_null() && api_describes_memory(from_glib((*info).api))
     }
 }
 
@@ -347,13 +394,31 @@ mod tests {
             format!("s {}", header(23, 12, b"GstVideoMeta\0\x01x")),
             format!("s {}", header(36, 25, b"GstReferenceTimestampMeta\0\x01x")),
         ];
-        <gst_video::VideoMeta as gst::meta::MetaAPI>::meta_api();
+        // Their implementations registered, as a consumer pipeline using them has.
+        let mut scratch = gst::Buffer::with_size(16).unwrap();
+        gst_video::VideoMeta::add(
+            scratch.get_mut().unwrap(),
+            gst_video::VideoFrameFlags::empty(),
+            gst_video::VideoFormat::Gray8,
+            4,
+            4,
+        )
+        .unwrap();
+        gst::ReferenceTimestampMeta::add(
+            scratch.get_mut().unwrap(),
+            &gst::Caps::new_empty_simple("timestamp/x-test"),
+            gst::ClockTime::ZERO,
+            None,
+        );
         for (i, line) in bad.iter().enumerate() {
             let why = apply(line, b.get_mut().unwrap());
             assert_eq!(why.len(), 1, "{line:?} was taken");
-            // The malformed ones are caught by the header check, whatever the runtime.
+            // The malformed ones are caught by the header check, whatever the runtime, and
+            // the metas carried otherwise by their kind.
             if i < 6 {
                 assert!(!why[0].contains("1.24"), "{line:?}: {why:?}");
+            } else if i > 6 {
+                assert!(why[0].contains("does not travel"), "{line:?}: {why:?}");
             }
         }
         assert_eq!(b.iter_meta::<gst::Meta>().count(), 0);
@@ -363,6 +428,8 @@ mod tests {
     fn what_a_producer_may_send_is_left_out_not_a_crash() {
         gst::init().unwrap();
         crate::cudameta::register();
+        // Registered, so that a name cut at a NUL would be a known one.
+        gst::meta::CustomMeta::register_simple("gpushm-nul");
         let mut b = gst::Buffer::with_size(16).unwrap();
         let bad = [
             "x something",
@@ -382,6 +449,11 @@ mod tests {
             "r 1 y timestamp/x-ntp",
             "r 1 - not caps ((",
             "r 1 - timestamp/x-gpushm-publish",
+            "r 1 - timestamp/x-gpushm-publish, a=(int)1",
+            // NULs: GLib would read another name (gstreamer-rs asserts there is none).
+            "s \0",
+            "c gpushm-nul\0x a, n=(int)1;",
+            "c gpushm-nul x, s=(string)\"a\0b\";",
             "r 18446744073709551615 - timestamp/x-ntp",
             "c 9bad-name x, n=(int)1;",
         ];
@@ -390,6 +462,17 @@ mod tests {
             assert_eq!(why.len(), 1, "{line:?} was taken");
         }
         assert_eq!(b.iter_meta::<gst::Meta>().count(), 0);
+    }
+
+    #[test]
+    fn a_frame_takes_64_metas_at_most() {
+        gst::init().unwrap();
+        gst::meta::CustomMeta::register_simple("gpushm-test-many");
+        let payload = "c gpushm-test-many x, n=(int)1;\n".repeat(100);
+        let mut b = gst::Buffer::with_size(16).unwrap();
+        let why = apply(&payload, b.get_mut().unwrap());
+        assert_eq!(why, ["36 metas beyond 64 for one frame"]);
+        assert_eq!(b.iter_meta::<gst::Meta>().count(), MAX_METAS_PER_FRAME);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! GStreamer 1.24's meta serialization (`gst_meta_serialize_simple`, `gst_meta_deserialize`),
 //! found at run time: the plugin is built against 1.20 (JetPack 6), so on an older runtime
 //! these metas simply do not travel. It carries every meta whose implementation can
-//! serialize itself and that gpushm does not carry another way (see [`carried_otherwise`]).
+//! serialize itself and that gpushm does not carry another way (see [`travels_serialized`]).
 //!
 //! What a consumer deserializes comes from another process. `gst_meta_deserialize` trusts
 //! the lengths in the header it reads (a name length near 4 GiB overflows its bounds check),
@@ -11,7 +11,7 @@
 //! refused: the ring's own fields say where a frame's bytes are, checked against the slot.
 
 use gst::glib;
-use gst::glib::translate::{from_glib, IntoGlib};
+use gst::glib::translate::from_glib;
 use once_cell::sync::Lazy;
 
 type SerializeFn = unsafe extern "C" fn(
@@ -32,10 +32,13 @@ struct Api {
 
 /// The 1.24 functions in the libgstreamer this process runs with, if it has them.
 static API: Lazy<Option<Api>> = Lazy::new(|| {
-    // The process's own symbols: libgstreamer is loaded already (we are its plugin or app).
-    let this = libloading::os::unix::Library::this();
-    // SAFETY: the signatures are those of gst/gstmeta.h (1.24).
+    use libloading::os::unix::{Library, RTLD_LAZY};
+    // The libgstreamer loaded already (we are its plugin or app), by its name: loaded with
+    // RTLD_LOCAL (PyGObject does) its symbols are not in the process's global scope.
+    // SAFETY: NOLOAD opens nothing new; the signatures are those of gst/gstmeta.h (1.24).
     unsafe {
+        let this = Library::open(Some("libgstreamer-1.0.so.0"), nix::libc::RTLD_NOLOAD | RTLD_LAZY)
+            .unwrap_or_else(|_| Library::this());
         let serialize = *this
             .get::<SerializeFn>(b"gst_meta_serialize_simple\0")
             .ok()?;
@@ -63,19 +66,7 @@ fn travels_serialized(api: glib::Type, is_custom: bool) -> bool {
         && api != <gst::ReferenceTimestampMeta as gst::meta::MetaAPI>::meta_api()
         && api != <gst_video::VideoTimeCodeMeta as gst::meta::MetaAPI>::meta_api()
         && api != <crate::cudameta::CudaMetaApi as gst::meta::MetaAPI>::meta_api()
-        && !describes_memory(api)
-}
-
-/// Whether metas of `api` describe a buffer's memory (the `memory` tag): video and audio
-/// layouts, gpushm's CUDA pointers. They never travel: the ring's fields say where a frame is.
-pub(crate) fn describes_memory(api: glib::Type) -> bool {
-    // SAFETY: a registered meta API type and a static tag.
-    unsafe {
-        gst::ffi::gst_meta_api_type_has_tag(
-            api.into_glib(),
-            glib::ffi::g_quark_from_static_string(c"memory".as_ptr()),
-        ) != 0
-    }
+        && !crate::frame_metas::api_describes_memory(api)
 }
 
 /// `meta` serialized by GStreamer, when this runtime can and the meta is one that travels
@@ -105,13 +96,12 @@ pub fn serialize(meta: &gst::MetaRef<'_, gst::Meta>) -> Result<Option<Vec<u8>>, 
 /// Adds the meta serialized in `data` (by [`serialize`] in another process) to `buffer`.
 pub fn deserialize(data: &[u8], buffer: &mut gst::BufferRef) -> Result<(), String> {
     let name = checked_name(data)?;
-    let api = API
-        .as_ref()
-        .ok_or_else(|| format!("{name}: serialized metas need GStreamer 1.24 here"))?;
     let cname = std::ffi::CString::new(name.as_str()).map_err(|_| "a NUL in a name".to_string())?;
     // SAFETY: a NUL-terminated name; the info returned is static or NULL.
     let info = unsafe { gst::ffi::gst_meta_get_info(cname.as_ptr()) };
     if info.is_null() {
+        // Registered where its library first uses it: a consumer pipeline that never did
+        // cannot have downstream elements that read it either.
         return Err(format!("{name} is not a meta this process knows"));
     }
     // SAFETY: a registered meta's info, static.
@@ -121,9 +111,13 @@ pub fn deserialize(data: &[u8], buffer: &mut gst::BufferRef) -> Result<(), Strin
             gst::ffi::gst_meta_info_is_custom(info) != 0,
         )
     };
+    // Refused before the runtime is asked about: the same on every GStreamer.
     if !travels_serialized(meta_api, is_custom) {
         return Err(format!("{name} does not travel serialized"));
     }
+    let api = API
+        .as_ref()
+        .ok_or_else(|| format!("{name}: serialized metas need GStreamer 1.24 here"))?;
     let mut consumed = 0u32;
     // SAFETY: the header was checked against `data`'s length above (what
     // gst_meta_deserialize itself does not do whole); the buffer is writable.

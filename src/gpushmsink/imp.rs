@@ -144,6 +144,8 @@ pub struct GpuShmSink {
     pub(super) wake_early: AtomicBool,
     /// wake-ahead-us (applied with wake-early, see `apply_wake_ahead`).
     pub(super) wake_ahead_us: AtomicU32,
+    /// Metas already warned about as too large to travel (publish.rs): once per name.
+    pub(super) warned_metas: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Default for GpuShmSink {
@@ -155,6 +157,7 @@ impl Default for GpuShmSink {
             direct: Direct::default(),
             wake_early: AtomicBool::new(DEFAULT_WAKE_EARLY),
             wake_ahead_us: AtomicU32::new(DEFAULT_WAKE_AHEAD_US),
+            warned_metas: Mutex::new(Default::default()),
         }
     }
 }

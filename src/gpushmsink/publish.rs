@@ -141,15 +141,22 @@ impl GpuShmSink {
             (s.wait_for_connection, policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
-        // Custom metas travel beside the frame (the ring has no field for them).
+        // Metas travel beside the frame (the ring has no field for them).
         let (frame_metas, left_out) = crate::frame_metas::encode(buffer);
         if !left_out.is_empty() {
-            gst::warning!(
-                CAT,
-                imp = self,
-                "custom metas over {} bytes left out: {left_out:?}",
-                crate::frame_metas::MAX_METAS_PAYLOAD
-            );
+            let mut warned = self.warned_metas.lock().unwrap_or_else(|e| e.into_inner());
+            // Once per name (a stream puts the same metas on every frame), a few names at most.
+            let new: Vec<&String> = left_out.iter().filter(|n| !warned.contains(*n)).collect();
+            if !new.is_empty() && warned.len() < 64 {
+                gst::warning!(
+                    CAT,
+                    imp = self,
+                    "metas too large to travel (over {} bytes a frame, or {} one) stay home: {new:?}",
+                    crate::frame_metas::MAX_METAS_PAYLOAD,
+                    crate::serialized_metas::MAX_SERIALIZED
+                );
+                warned.extend(new.into_iter().cloned());
+            }
         }
         let publish = |slot: u32, mut meta: FrameMeta| {
             meta.has_metas = frame_metas.is_some();
