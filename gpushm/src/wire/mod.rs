@@ -415,6 +415,11 @@ impl Reader<'_> {
     fn str(&mut self) -> Result<String> {
         let len = self.u32()? as usize;
         let bytes = self.take(len)?;
+        // Every string ends up in C (caps, structures, tags, names): a NUL would end it there,
+        // and GLib would read another string than the one checked here.
+        if bytes.contains(&0) {
+            return Err(Error::protocol("a string holds a NUL byte"));
+        }
         String::from_utf8(bytes.to_vec()).map_err(|_| Error::protocol("string is not UTF-8"))
     }
 }

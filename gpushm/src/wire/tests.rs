@@ -159,6 +159,31 @@ fn garbage_is_rejected() {
     assert!(Message::decode(&b).is_err());
 }
 
+/// Strings go to C (caps, structures, tags, names): one with a NUL would be read as a
+/// shorter one there, so the decoder refuses it, in every message that has strings.
+#[test]
+fn a_string_with_a_nul_byte_is_refused() {
+    for m in [
+        Message::Caps {
+            caps_gen: 1,
+            caps: "video/x-raw\0, width=(int)1".into(),
+        },
+        Message::FrameMetas {
+            seq: 1,
+            payload: "c gpushm-ok\0x a;".into(),
+        },
+        Message::Upstream {
+            payload: "\0".into(),
+        },
+        Message::Error {
+            message: "a\0b".into(),
+        },
+    ] {
+        let e = Message::decode(&m.encode()).unwrap_err().to_string();
+        assert!(e.contains("NUL"), "{m:?}: {e}");
+    }
+}
+
 #[test]
 fn descriptors_travel_with_their_message() {
     let (a, b) = UnixStream::pair().unwrap();
