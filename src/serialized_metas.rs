@@ -37,8 +37,11 @@ static API: Lazy<Option<Api>> = Lazy::new(|| {
     // RTLD_LOCAL (PyGObject does) its symbols are not in the process's global scope.
     // SAFETY: NOLOAD opens nothing new; the signatures are those of gst/gstmeta.h (1.24).
     unsafe {
-        let this = Library::open(Some("libgstreamer-1.0.so.0"), nix::libc::RTLD_NOLOAD | RTLD_LAZY)
-            .unwrap_or_else(|_| Library::this());
+        let this = Library::open(
+            Some("libgstreamer-1.0.so.0"),
+            nix::libc::RTLD_NOLOAD | RTLD_LAZY,
+        )
+        .unwrap_or_else(|_| Library::this());
         let serialize = *this
             .get::<SerializeFn>(b"gst_meta_serialize_simple\0")
             .ok()?;
