@@ -35,7 +35,7 @@ rm -f "$out"/lib/libgpushm.so*
 # jpeg, rtp, audiotestsrc, audiorate and openh264 (a small H.264 decoder: gst-libav with FFmpeg is over
 # 200 MB) are for the encoded-stream tests; nvcodec (Debian's 1.22: cudaupload, cudadownload,
 # nvh264dec) for the CUDA-memory tests.
-for p in x264 isomp4 matroska videofilter jpeg rtp audiotestsrc audiorate openh264 nvcodec debug; do
+for p in x264 isomp4 matroska videofilter jpeg rtp audiotestsrc audiorate audioconvert openh264 nvcodec debug; do
   so=/usr/lib/$arch/gstreamer-1.0/libgst$p.so
   [ -e "$so" ] || continue
   cp "$so" "$out/plugins/"

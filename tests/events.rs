@@ -42,15 +42,6 @@ fn consumer(sock: &Path, extra: &str) -> Proc {
     Proc::spawn(c, "consumer")
 }
 
-/// Waits until the producer's sink has `n` consumers.
-fn wait_for_clients(sink: &gst::Element, n: u32) {
-    let end = Instant::now() + Duration::from_secs(20);
-    while sink.property::<u32>("num-clients") < n {
-        assert!(Instant::now() < end, "{n} consumers did not connect");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Two consumers of one producer (this thread pushes a stream tag and a global tag before the
 /// first buffer, custom events after the 10th and 20th of 30 buffers and a custom-both one
 /// after the 15th, straight into gpushmsink's sink pad): each sees the tags
@@ -283,6 +274,7 @@ fn an_audio_recording_through_gpushm_keeps_the_producers_tags() {
     sink.set_state(gst::State::Playing).unwrap();
     // audioconvert's audio caps make gst-launch take the muxer's audio pad.
     let rec = recorder(&sock, "audioconvert ! matroskamux", &file);
+    wait_for_clients(&sink, 1);
     assert!(pad.push_event(gst::event::StreamStart::new("audio")));
     assert!(pad.push_event(gst::event::Caps::new(
         &"audio/x-raw,format=S16LE,layout=interleaved,rate=48000,channels=2"

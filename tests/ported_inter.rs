@@ -53,8 +53,11 @@ fn play(srcpad: &gst::Pad, element: &gst::Element) {
 }
 
 /// inter.rs `push_one`, with the byte `tag` as content so that the consumers' files tell
-/// which buffer they got.
+/// which buffer they got. Once a consumer is there (bounded: the push would wait for one
+/// forever).
 fn push_one(srcpad: &gst::Pad, pts: u64, tag: u8) {
+    let sink = srcpad.peer().unwrap().parent_element().unwrap();
+    wait_for_clients(&sink, 1);
     let mut inbuf = gst::Buffer::from_slice([tag]);
     inbuf
         .get_mut()

@@ -93,6 +93,18 @@ pub fn with_plugin_path(c: &mut Command) {
     c.env("GST_PLUGIN_PATH", path);
 }
 
+/// Waits until the producer's `sink` (gpushmsink) has `n` consumers, 20 s at most: a test
+/// pushing into a wait-for-connection sink from its own thread would wait forever for a
+/// consumer process that failed to start.
+pub fn wait_for_clients(sink: &gst::Element, n: u32) {
+    use gst::prelude::*;
+    let end = Instant::now() + Duration::from_secs(20);
+    while sink.property::<u32>("num-clients") < n {
+        assert!(Instant::now() < end, "{n} consumers did not connect");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A child process that is killed when dropped, so a failing test leaves nothing running.
 pub struct Proc {
     pub child: Child,
