@@ -3,11 +3,12 @@
 # make test   - install what is missing, then fmt, clippy and every test
 # make build  - release build of the plugin and the examples
 # make install PREFIX=/usr/local - the plugin, the gpushm command, and the C API: libgpushm.so, gpushm.h, gpushm.pc
+# make test-gst126 - the element, pipeline, encoded, timing, events, metas and ported tests on GStreamer 1.26 (as root)
 
 CARGO ?= cargo
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
-.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test
+.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126
 
 all: build
 
@@ -36,6 +37,10 @@ test: check
 	    find $$scratch -path "$$f" | grep -q . || { echo "meson install did not install $$f"; exit 1; }; done && rm -rf $$scratch
 	$(MAKE) capi-test
 	$(MAKE) python-test
+
+# The tests a newer GStreamer could change, on 1.26 (Debian 13's packages: scripts/test-gst126.sh).
+test-gst126: deps
+	scripts/test-gst126.sh
 
 # The Python package, installed as the README says (pip install ./python) into a venv of its
 # own, then its tests (the GPU ones are marked and deselected here).

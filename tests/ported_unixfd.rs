@@ -153,7 +153,7 @@ fn unixfd_segment_two_samples_of_running_times_1s_apart_arrive_1s_apart() {
             Ok(gst::StateChangeSuccess::Success)
         );
         wait_for_path(&sock, Duration::from_secs(10));
-        let client = checker(&sock, 2);
+        let mut client = checker(&sock, 2);
         let caps = gst::Caps::new_empty_simple("video/x-raw");
         let mut segment = gst::FormattedSegment::<gst::ClockTime>::new();
         let sample = |pts: gst::ClockTime, segment: &gst::FormattedSegment<gst::ClockTime>| {
@@ -168,6 +168,9 @@ fn unixfd_segment_two_samples_of_running_times_1s_apart_arrive_1s_apart() {
         appsrc
             .push_sample(&sample(gst::ClockTime::from_seconds(30), &segment))
             .unwrap();
+        // As unixfd.c: the first arrives before the second is pushed (GStreamer 1.26's appsrc
+        // applies a queued sample's segment change to the samples queued before it).
+        client.wait_line("FRAME ", Duration::from_secs(30));
         segment.set_base(gst::ClockTime::from_seconds(30));
         appsrc
             .push_sample(&sample(gst::ClockTime::from_seconds(1), &segment))

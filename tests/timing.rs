@@ -234,7 +234,7 @@ fn audio_and_video_of_one_producer_keep_their_offset() {
         wait_for_path(&v, Duration::from_secs(10));
         std::thread::sleep(Duration::from_millis(500));
         // -v (before the pipeline) prints each fakesink's last-message.
-        let mut c = std::process::Command::new("gst-launch-1.0");
+        let mut c = gst_launch_program();
         c.arg("-v").args(
             format!(
                 "gpushmsrc socket-path={} ! fakesink name=asink silent=false sync=true \
@@ -431,7 +431,9 @@ fn a_syncing_first_consumer_of_a_live_wait_for_connection_producer_gets_every_fr
 }
 
 /// A live producer that stalls for 400 ms (its source blocked once, then catching up in a
-/// burst), read by a lossless consumer started before it: every frame arrives with the
+/// burst), read by a lossless consumer started before it (the producer waits for it: a
+/// consumer polling for the socket may connect after the first frames, which on GStreamer
+/// 1.26 come sooner than on 1.22): every frame arrives with the
 /// producer's exact spacing, those after the stall late, and the latency the consumer answers
 /// grows to cover them (the 5 ms it answers for a stream on time, before as after the stall
 /// without this). What gives is latency, not spacing.
@@ -446,7 +448,7 @@ fn a_stalled_live_producer_keeps_its_spacing_and_its_consumer_answers_the_latenc
     let producer = gst::parse::launch(&format!(
         "videotestsrc name=src is-live=true num-buffers=90 \
          ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
-         ! gpushmsink socket-path={}",
+         ! gpushmsink socket-path={} wait-for-connection=true",
         sock.display()
     ))
     .unwrap()

@@ -31,13 +31,25 @@ pub fn tmpdir() -> tempfile::TempDir {
         .expect("tempdir")
 }
 
-/// Directory of the test binary's build: target/<profile>/ locally, .device/ when packed.
+/// Directory of the test binary's build: target/<profile>/ locally, .device/ when packed,
+/// `GPUSHM_TEST_BUILD_DIR` when set (a test binary run by a GStreamer bundle's `run`, which
+/// starts a relocated copy of it).
 fn build_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("GPUSHM_TEST_BUILD_DIR") {
+        return d.into();
+    }
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
         .and_then(Path::parent)
         .expect("test binary has a grandparent")
         .to_owned()
+}
+
+/// The GStreamer bundle the tests run on (`GPUSHM_TEST_GST`: a directory made by
+/// `../shared/tools/gst126/make-bundle`), `None` for the system's GStreamer. Child processes
+/// then run on it too: gst-launch is the bundle's, our programs start through its `run`.
+fn gst_bundle() -> Option<PathBuf> {
+    std::env::var_os("GPUSHM_TEST_GST").map(PathBuf::from)
 }
 
 /// A binary built as a cargo example: the test tools of tests/helpers/ and the examples
@@ -49,12 +61,34 @@ pub fn example(name: &str) -> Command {
         "{} missing: build the examples (cargo test builds them)",
         path.display()
     );
-    Command::new(path)
+    match gst_bundle() {
+        Some(b) => {
+            let mut c = Command::new(b.join("run"));
+            c.arg(path);
+            // The bundle's scripts start with the host's shell: not with the bundle's libc,
+            // which `run` gave this process.
+            c.env_remove("LD_LIBRARY_PATH");
+            c
+        }
+        None => Command::new(path),
+    }
+}
+
+/// The gst-launch-1.0 the tests run: the system's, or the bundle's (see [`gst_bundle`]).
+pub fn gst_launch_program() -> Command {
+    match gst_bundle() {
+        Some(b) => {
+            let mut c = Command::new(b.join("gst-launch"));
+            c.env_remove("LD_LIBRARY_PATH");
+            c
+        }
+        None => Command::new("gst-launch-1.0"),
+    }
 }
 
 /// gst-launch-1.0 with this build's plugin on the plugin path.
 pub fn gst_launch(pipeline: &str) -> Command {
-    let mut c = Command::new("gst-launch-1.0");
+    let mut c = gst_launch_program();
     c.arg("-q");
     c.args(pipeline.split_whitespace());
     with_plugin_path(&mut c);
@@ -64,7 +98,7 @@ pub fn gst_launch(pipeline: &str) -> Command {
 /// gst-launch-1.0 with `-v` (not quiet): it prints each `silent=false` element's
 /// last-message (fakesink, identity), one line per event and buffer.
 pub fn gst_launch_verbose(pipeline: &str) -> Command {
-    let mut c = Command::new("gst-launch-1.0");
+    let mut c = gst_launch_program();
     c.arg("-v");
     c.args(pipeline.split_whitespace());
     with_plugin_path(&mut c);
