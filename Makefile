@@ -18,7 +18,10 @@ deps:
 build: deps
 	$(CARGO) build --release --locked --lib --examples
 
-demo: build
+# Only what the demo runs: the plugin and the frame checker (not every example: the RTSP
+# server and the benchmark would triple the wait before the demo shows anything).
+demo: deps
+	$(CARGO) build --release --locked -p gst-plugin-gpushm --lib --example frame_checker
 	@GST_PLUGIN_PATH=$(PLUGIN_DIR) scripts/demo.sh
 
 check: deps
