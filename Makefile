@@ -3,12 +3,13 @@
 # make test   - install what is missing, then fmt, clippy and every test
 # make build  - release build of the plugin and the examples
 # make install PREFIX=/usr/local - the plugin, the gpushm command, and the C API: libgpushm.so, gpushm.h, gpushm.pc
+# make wheel   - the Python package as an abi3 wheel (target/wheels/); make wheel-test installs and uses it without Rust
 # make test-gst126 - the element, pipeline, encoded, timing, events, metas and ported tests on GStreamer 1.26 (as root)
 
 CARGO ?= cargo
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
-.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126
+.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126 wheel wheel-test
 
 all: build
 
@@ -44,6 +45,15 @@ test: check
 # The tests a newer GStreamer could change, on 1.26 (Debian 13's packages: scripts/test-gst126.sh).
 test-gst126: deps
 	scripts/test-gst126.sh
+
+# The Python package as one abi3 wheel (CPython 3.9+, any later version): target/wheels/.
+# wheel-test installs it where there is no Rust or compiler and reads frames with it.
+WHEELS := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/wheels
+wheel:
+	[ -x $(PYVENV)/bin/pip ] || python3 -m venv $(PYVENV)
+	$(PYVENV)/bin/pip wheel -q --no-deps -w $(WHEELS) ./python
+wheel-test: wheel
+	scripts/test-wheel.sh
 
 # The Python package, installed as the README says (pip install ./python) into a venv of its
 # own, then its tests (the GPU ones are marked and deselected here).
