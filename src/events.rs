@@ -149,6 +149,11 @@ pub fn decode(payload: &str) -> Result<gst::Event, String> {
 
 /// The tag list `s` (as `gst::TagList`'s Display writes it) describes, if it parses.
 fn tag_list_from_str(s: &str) -> Option<gst::TagList> {
+    // GStreamer asserts the prefix (a g_critical, fatal under G_DEBUG=fatal-criticals): a
+    // peer's text without it is refused here instead.
+    if !s.starts_with("taglist") {
+        return None;
+    }
     // SAFETY: a NUL-terminated copy of `s`; the function returns a new tag list (full
     // transfer) or NULL.
     unsafe {
