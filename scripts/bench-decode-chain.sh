@@ -16,9 +16,11 @@
 # The CPU times come from bash's `times` (each process's own user + system time).
 set -euo pipefail
 w=${1:-3840}; h=${2:-2160}; n=${3:-300}
+# GST_LAUNCH: another gst-launch, e.g. a GStreamer 1.26 bundle's (../shared/tools/gst126).
+launch=${GST_LAUNCH:-gst-launch-1.0}
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 file=$dir/in.h264
-gst-launch-1.0 -q videotestsrc num-buffers="$n" pattern=ball \
+$launch -q videotestsrc num-buffers="$n" pattern=ball \
   ! "video/x-raw,format=I420,width=$w,height=$h,framerate=30/1" \
   ! x264enc speed-preset=ultrafast tune=zerolatency key-int-max=30 \
   ! h264parse ! video/x-h264,stream-format=byte-stream,alignment=au ! filesink location="$file"
@@ -35,19 +37,19 @@ report() { # $1: name, $2: start, $3: end, $4: consumers
 
 cpu_log=$dir/cpu.one; : > "$cpu_log"
 t0=$(now)
-timed gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! fakesink sync=false
+timed $launch -q filesrc location="$file" ! h264parse ! nvh264dec ! fakesink sync=false
 report "one process" "$t0" "$(now)" 0
 
 chain() { # $1: producer tail, $2: consumer tail, $3: name, $4: socket name
   local sock=$dir/$4.sock pids=()
   cpu_log=$dir/cpu.$4; : > "$cpu_log"
   t0=$(now)
-  timed gst-launch-1.0 -q filesrc location="$file" ! h264parse ! nvh264dec ! $1 \
+  timed $launch -q filesrc location="$file" ! h264parse ! nvh264dec ! $1 \
     socket-path="$sock" wait-for-connection=true sync=false &
   local prod=$!
   while [ ! -S "$sock" ]; do sleep 0.01; done
   for i in 1 2 3; do
-    timed gst-launch-1.0 -q gpushmsrc socket-path="$sock" mode=lossless num-buffers="$n" ! $2 &
+    timed $launch -q gpushmsrc socket-path="$sock" mode=lossless num-buffers="$n" ! $2 &
     pids+=($!)
   done
   wait "$prod"

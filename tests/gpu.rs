@@ -80,6 +80,21 @@ fn run(launch: &str) -> (Vec<(gst::Buffer, gst::Caps)>, Vec<gst::Structure>) {
             _ => {}
         }
     }
+    // A gpushmsrc named `src`: how its frames went out, as a last message.
+    if let Some(src) = p.by_name("src") {
+        msgs.push(
+            gst::Structure::builder("gpushmsrc")
+                .field(
+                    "frames-cuda-wrapped",
+                    src.property::<u64>("frames-cuda-wrapped"),
+                )
+                .field(
+                    "frames-cuda-copied",
+                    src.property::<u64>("frames-cuda-copied"),
+                )
+                .build(),
+        );
+    }
     let mut bufs = Vec::new();
     if let Some(sink) = p
         .by_name("out")
@@ -979,11 +994,31 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
     assert_same_frames(&host_frames, &reference);
 }
 
+/// Whether this GStreamer wraps device memory as CUDA memory (1.24+): gpushmsrc then hands
+/// device-ring frames out in place; 1.22 copies them.
+fn wraps_cuda_memory() -> bool {
+    init();
+    gst::version() >= (1, 24, 0, 0)
+}
+
+/// How gpushmsrc's frames went out, from the last message of `run`: (wrapped, copied).
+fn cuda_out_counts(msgs: &[gst::Structure]) -> (u64, u64) {
+    let s = msgs
+        .iter()
+        .rfind(|m| m.name() == "gpushmsrc")
+        .expect("run() reports a gpushmsrc named src");
+    (
+        s.get("frames-cuda-wrapped").unwrap(),
+        s.get("frames-cuda-copied").unwrap(),
+    )
+}
+
 /// CUDA memory out: a device ring's frames reach `gpushmsrc ! video/x-raw(memory:CUDAMemory)
-/// ! cudadownload` in CUDA memory (one device-to-device copy into a GStreamer CUDA buffer
-/// pool, pitched rows, in the CUDA context the pipeline shares), and equal videotestsrc's;
-/// `gpushmsrc ! cudadownload` without a capsfilter negotiates the same, and an element that
-/// takes anything (appsink) still gets system memory.
+/// ! cudadownload` in CUDA memory, in the CUDA context the pipeline shares, and equal
+/// videotestsrc's. On GStreamer 1.24+ every frame is the ring's GPU memory itself, wrapped
+/// (frames-cuda-wrapped); on 1.22 each is copied into a GStreamer CUDA buffer pool
+/// (frames-cuda-copied). `gpushmsrc ! cudadownload` without a capsfilter negotiates the same,
+/// and an element that takes anything (appsink) still gets system memory.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn gpushmsrc_hands_device_ring_frames_to_cuda_elements_in_cuda_memory() {
@@ -997,16 +1032,20 @@ fn gpushmsrc_hands_device_ring_frames_to_cuda_elements_in_cuda_memory() {
             sock.display()
         )
     };
-    for (i, consumer) in [
-        "video/x-raw(memory:CUDAMemory) ! cudadownload ! video/x-raw",
-        "cudadownload ! video/x-raw",
-        "identity",
+    let wraps = wraps_cuda_memory();
+    for (i, (consumer, cuda)) in [
+        (
+            "video/x-raw(memory:CUDAMemory) ! cudadownload ! video/x-raw",
+            true,
+        ),
+        ("cudadownload ! video/x-raw", true),
+        ("identity", false),
     ]
     .into_iter()
     .enumerate()
     {
         let sock = dir.path().join(format!("cuda-out-{i}.sock"));
-        let (frames, _) = through_a_device_ring(
+        let (frames, msgs) = through_a_device_ring(
             &producer(&sock),
             &sock,
             &format!(
@@ -1018,6 +1057,63 @@ fn gpushmsrc_hands_device_ring_frames_to_cuda_elements_in_cuda_memory() {
         assert_eq!(frames.len(), 30, "{consumer}");
         // (Also checks that appsink got system memory.)
         assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
+        let expected = match (cuda, wraps) {
+            (false, _) => (0, 0),
+            (true, true) => (30, 0),
+            (true, false) => (0, 30),
+        };
+        assert_eq!(
+            cuda_out_counts(&msgs),
+            expected,
+            "{consumer} (wrapped, copied)"
+        );
+    }
+}
+
+/// GStreamer's CUDA converter reads gpushmsrc's CUDA memory as textures: `gpushmsrc !
+/// cudaconvert ! I420` gives the same bytes as converting videotestsrc's frames in one
+/// process. gpushmsink lays device rings out for textures (strides of 512 bytes), so frames
+/// of any width, 200 pixels included (whose rows GStreamer would pack to 200 bytes), are
+/// wrapped without a copy on 1.24+, and copied into CUDA memory on 1.22.
+#[test]
+#[ignore = "needs a CUDA GPU and GStreamer's cudaconvert (nvcodec registers it only where its NVRTC kernels build: not with CUDA 13, whose NVRTC refuses the architecture GStreamer 1.22-1.26 asks for)"]
+fn cudaconvert_reads_gpushmsrc_cuda_memory_in_place() {
+    gpu("cudaconvert_reads_gpushmsrc_cuda_memory_in_place");
+    let _serial = in_process();
+    assert!(
+        gst::ElementFactory::find("cudaconvert").is_some(),
+        "cudaconvert is missing: GStreamer's nvcodec registers it only where NVRTC (libnvrtc.so) builds its kernels"
+    );
+    let dir = tmpdir();
+    let wraps = wraps_cuda_memory();
+    for (w, h) in [(320, 240), (200, 120)] {
+        let caps = format!("video/x-raw,format=NV12,width={w},height={h},framerate=30/1");
+        let convert = "cudaconvert ! video/x-raw(memory:CUDAMemory),format=I420 ! cudadownload \
+                       ! video/x-raw,format=I420 ! appsink name=out sync=false max-buffers=0";
+        let sock = dir.path().join(format!("convert-{w}.sock"));
+        let (frames, msgs) = through_a_device_ring(
+            &format!(
+                "videotestsrc num-buffers=20 pattern=ball ! {caps} ! cudaupload \
+                 ! video/x-raw(memory:CUDAMemory) ! gpushmsink socket-path={} wait-for-connection=true",
+                sock.display()
+            ),
+            &sock,
+            &format!(
+                "gpushmsrc name=src socket-path={} mode=lossless num-buffers=20 ! {convert}",
+                sock.display()
+            ),
+        );
+        let (reference, _) = run(&format!(
+            "videotestsrc num-buffers=20 pattern=ball ! {caps} ! cudaupload ! video/x-raw(memory:CUDAMemory) ! {convert}"
+        ));
+        assert_eq!(frames.len(), 20, "{w}x{h}");
+        assert_same_frames(&frames, &reference);
+        let expected = if wraps { (20, 0) } else { (0, 20) };
+        assert_eq!(
+            cuda_out_counts(&msgs),
+            expected,
+            "{w}x{h} (wrapped, copied)"
+        );
     }
 }
 

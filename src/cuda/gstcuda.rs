@@ -79,7 +79,21 @@ struct Fns {
     ) -> glib::ffi::gboolean,
     buffer_pool_new: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstBufferPool,
     is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
+    /// `gst_cuda_allocator_alloc_wrapped` (GStreamer 1.24+); `None` before.
+    alloc_wrapped: Option<AllocWrapped>,
 }
+
+/// `GstMemory *gst_cuda_allocator_alloc_wrapped (GstCudaAllocator *, GstCudaContext *,
+/// GstCudaStream *, const GstVideoInfo *, CUdeviceptr, gpointer, GDestroyNotify)`.
+type AllocWrapped = unsafe extern "C" fn(
+    *mut gst::ffi::GstAllocator,
+    Ctx,
+    *mut std::ffi::c_void,
+    *const gst_video::ffi::GstVideoInfo,
+    u64,
+    glib::ffi::gpointer,
+    glib::ffi::GDestroyNotify,
+) -> *mut gst::ffi::GstMemory;
 
 struct GstCuda {
     /// Keeps the symbols below loaded.
@@ -104,6 +118,10 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
             handle_context_query: *lib.get(b"gst_cuda_handle_context_query\0")?,
             buffer_pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0")?,
             is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
+            alloc_wrapped: lib
+                .get::<AllocWrapped>(b"gst_cuda_allocator_alloc_wrapped\0")
+                .ok()
+                .map(|f| *f),
         })
     }
 }
@@ -252,6 +270,65 @@ pub fn is_cuda_memory(mem: &gst::MemoryRef) -> bool {
         // SAFETY: a live memory.
         unsafe { (l.f.is_cuda_memory)(mem.as_mut_ptr()) != 0 }
     })
+}
+
+/// Whether GStreamer's CUDA library here wraps device memory it did not allocate
+/// (`gst_cuda_allocator_alloc_wrapped`, GStreamer 1.24+): device-ring frames then go out in
+/// CUDA memory without a copy. The reason otherwise.
+pub fn can_wrap() -> Result<(), String> {
+    let l = lib()?;
+    match l.f.alloc_wrapped {
+        Some(_) => Ok(()),
+        None => Err(format!(
+            "GStreamer {} cannot wrap device memory (gst_cuda_allocator_alloc_wrapped is 1.24+)",
+            gst::version_string()
+        )),
+    }
+}
+
+/// Wraps device memory at `dev_ptr`, laid out as `info` says (its offsets, strides and size
+/// are the frame's), in a read-only GstCudaMemory of `ctx`, without copying. `keep` is dropped
+/// when GStreamer frees the memory (and its shares): it keeps `dev_ptr` valid until then.
+/// `keep` comes back when the memory cannot be made (GStreamer before 1.24, or a refusal).
+pub fn wrap_device_memory<K: Send + 'static>(
+    ctx: &Context,
+    info: &gst_video::ffi::GstVideoInfo,
+    dev_ptr: u64,
+    keep: Box<K>,
+) -> Result<gst::Memory, Box<K>> {
+    unsafe extern "C" fn destroy<K>(data: glib::ffi::gpointer) {
+        // SAFETY: `data` is the Box leaked below, given back exactly once by GStreamer.
+        drop(unsafe { Box::from_raw(data as *mut K) });
+    }
+    let Some(f) = lib().ok().and_then(|l| l.f.alloc_wrapped) else {
+        return Err(keep);
+    };
+    let data = Box::into_raw(keep);
+    // SAFETY: a live context and info; `dev_ptr` stays valid while `keep` lives, which
+    // GStreamer drops only when it frees the memory (it calls `destroy` then, and never
+    // frees `dev_ptr` itself when a notify is given).
+    let mem = unsafe {
+        f(
+            std::ptr::null_mut(),
+            ctx.as_ptr(),
+            std::ptr::null_mut(),
+            info,
+            dev_ptr,
+            data as glib::ffi::gpointer,
+            Some(destroy::<K>),
+        )
+    };
+    if mem.is_null() {
+        // SAFETY: GStreamer refused before taking `data`: it is still ours.
+        return Err(unsafe { Box::from_raw(data) });
+    }
+    // SAFETY: a new memory we hold the only reference to. Read-only: the frame is shared
+    // with every consumer (and the ring is mapped read-only on the GPU), so a writable map
+    // fails and elements that write make their own copy.
+    unsafe {
+        (*mem).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY;
+        Ok(from_glib_full(mem))
+    }
 }
 
 /// `caps` with every structure's features replaced by memory:CUDAMemory.

@@ -10,3 +10,4 @@ pub use gpushm::cuda::*;
 pub mod gstcuda;
 pub mod kernels;
 pub mod nvrtc;
+pub mod textures;

@@ -37,3 +37,12 @@ pub fn register(plugin: &gst::Plugin) -> Result<(), glib::BoolError> {
         GpuShmSink::static_type(),
     )
 }
+
+/// The frame description gpushmsink publishes for frames laid out as `info`, for the
+/// consumer-side tests of what it reads.
+#[cfg(test)]
+pub(crate) fn frame_template_for_tests(
+    info: &gst_video::VideoInfo,
+) -> gpushm::ring::producer_end::FrameMeta {
+    metas::frame_template(info)
+}

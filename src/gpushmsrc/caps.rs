@@ -39,15 +39,19 @@ impl GpuShmSrc {
         }
         let shared = self.shared();
         if let Some(d) = device.filter(|_| gpushm::format::is_raw_video(caps_str)) {
-            if let Some((pool, cuda_caps)) = self.cuda_output(&caps, d) {
+            if let Some((out, cuda_caps)) = self.cuda_output(&caps, caps_str, d) {
+                let how = match &out.wrap {
+                    Ok(()) => "wrapped in place, without a copy".to_owned(),
+                    Err(why) => format!("copied on the GPU: {why}"),
+                };
                 if let Some(sh) = &shared {
-                    sh.set_cuda_out(Some((pool, caps_str.clone())));
+                    sh.set_cuda_out(Some(out));
                 }
                 if self.obj().set_caps(&cuda_caps).is_ok() {
                     gst::info!(
                         CAT,
                         imp = self,
-                        "device-ring frames go out in CUDA memory: {cuda_caps}"
+                        "device-ring frames go out in CUDA memory ({how}): {cuda_caps}"
                     );
                     return Ok(true);
                 }

@@ -4,6 +4,7 @@
 //! memory (GStreamer's CUDA context and a CUDA buffer pool) where downstream asks for it.
 
 use std::str::FromStr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use gst::prelude::*;
@@ -11,11 +12,11 @@ use gst::subclass::prelude::*;
 use gst_base::prelude::*;
 
 use super::imp::GpuShmSrc;
-use super::receiver::Details;
+use super::receiver::{CudaOut, Details};
 use super::CAT;
-use crate::cuda::gstcuda;
 use crate::cuda::register::{device_ptr_in, register_mapping, NotRegistered};
 use crate::cuda::Selected;
+use crate::cuda::{gstcuda, textures};
 use crate::cudameta::CudaRegister;
 
 impl GpuShmSrc {
@@ -147,13 +148,14 @@ impl GpuShmSrc {
     /// Whether downstream takes device-ring frames of `caps` (GPU `device`) in CUDA memory:
     /// it names memory:CUDAMemory in its caps (an element taking ANY gets system memory, as
     /// from nvcodec's decoders) and GStreamer's CUDA library is here. Then the pipeline's
-    /// CUDA context for that GPU, an active CUDA buffer pool for the caps, and the caps in
-    /// CUDA memory.
+    /// CUDA context for that GPU, how frames go out (wrapped in place on GStreamer 1.24+, an
+    /// active CUDA buffer pool for copies), and the caps in CUDA memory.
     pub(super) fn cuda_output(
         &self,
         caps: &gst::Caps,
+        caps_str: &Arc<str>,
         device: i32,
-    ) -> Option<(gst::BufferPool, gst::Caps)> {
+    ) -> Option<(CudaOut, gst::Caps)> {
         let obj = self.obj();
         let pad = obj.src_pad();
         let cuda_caps = gstcuda::with_cuda_feature(caps);
@@ -218,7 +220,13 @@ impl GpuShmSrc {
             );
             return None;
         }
-        Some((pool, cuda_caps))
+        let out = CudaOut {
+            pool,
+            caps: caps_str.clone(),
+            ctx,
+            wrap: gstcuda::can_wrap(),
+        };
+        Some((out, cuda_caps))
     }
 
     /// A frame queued before the pad's memory changed (CUDA memory negotiated, or given up)
@@ -243,10 +251,21 @@ impl GpuShmSrc {
         };
         let caps = gst::Caps::from_str(&f.caps).map_err(|_| fail("the caps' memory"))?;
         let info = gst_video::VideoInfo::from_caps(&caps).map_err(|_| fail("the caps' memory"))?;
+        let shared = self.shared();
+        let cuda_out = shared
+            .as_ref()
+            .and_then(|s| s.cuda_out_for(&f.caps))
+            .filter(|_| cuda);
+        if let (Some(out), Some(sh)) = (&cuda_out, &shared) {
+            if let Some(wrapped) = self.rewrap_in_cuda_memory(out, &buffer, &info, f) {
+                sh.cuda_wrapped.fetch_add(1, Ordering::Relaxed);
+                return Ok(wrapped);
+            }
+            sh.cuda_copied.fetch_add(1, Ordering::Relaxed);
+        }
         let mut out = if cuda {
-            let pool = self
-                .shared()
-                .and_then(|s| s.cuda_pool_for(&f.caps))
+            let pool = cuda_out
+                .map(|o| o.pool.clone())
                 .ok_or_else(|| fail("CUDA memory"))?;
             pool.acquire_buffer(None).map_err(|_| fail("CUDA memory"))?
         } else {
@@ -273,22 +292,106 @@ impl GpuShmSrc {
             src.copy(&mut dst)
                 .map_err(|_| fail("a frame of the new memory"))?;
         }
-        let om = out.make_mut();
-        om.set_flags(buffer.flags());
-        om.set_duration(buffer.duration());
-        om.set_offset(buffer.offset());
-        om.set_offset_end(buffer.offset_end());
-        for m in buffer.iter_meta::<gst::ReferenceTimestampMeta>() {
-            gst::ReferenceTimestampMeta::add(
-                om,
-                &m.reference().to_owned(),
-                m.timestamp(),
-                m.duration(),
-            );
-        }
-        if let Some(tc) = buffer.meta::<gst_video::VideoTimeCodeMeta>() {
-            gst_video::VideoTimeCodeMeta::add(om, &tc.tc());
-        }
+        copy_buffer_fields(&buffer, out.make_mut());
         Ok(out)
     }
+
+    /// A frame queued in place in a device ring's memory, wrapped as CUDA memory instead
+    /// (GStreamer 1.24+, planes aligned for textures): the new memory keeps `buffer`, so the
+    /// frame's slot stays held until GStreamer frees it. `None` where it cannot be.
+    fn rewrap_in_cuda_memory(
+        &self,
+        out: &CudaOut,
+        buffer: &gst::Buffer,
+        info: &gst_video::VideoInfo,
+        f: &Details,
+    ) -> Option<gst::Buffer> {
+        out.wrap.as_ref().ok()?;
+        let (ring, ptr) = f.slot.as_ref()?;
+        let mem = crate::cuda::vmm::of(ring.attachment())?;
+        let src = mem.device_ptr_of(*ptr as *const u8)?;
+        let geometry = gpushm::format::FrameGeometry::of_frame(&f.meta, &f.caps).ok()?;
+        textures::wrappable(&geometry, src, mem.device()).ok()?;
+        let winfo = wrapped_info(info, &geometry);
+        let m =
+            gstcuda::wrap_device_memory(&out.ctx, &winfo, src, Box::new(buffer.clone())).ok()?;
+        let mut wrapped = gst::Buffer::new();
+        let b = wrapped.get_mut()?;
+        b.append_memory(m);
+        let flags = buffer
+            .meta::<gst_video::VideoMeta>()
+            .map_or(gst_video::VideoFrameFlags::empty(), |m| {
+                m.video_frame_flags()
+            });
+        add_video_meta(b, flags, info, &geometry).ok()?;
+        copy_buffer_fields(buffer, b);
+        gst::debug!(CAT, imp = self, "a queued frame wrapped as CUDA memory");
+        Some(wrapped)
+    }
+}
+
+/// What a frame's buffer carries besides its memory and plane layout (timestamps, flags,
+/// offsets, and every meta not tied to its memory: reference timestamps, timecode, the
+/// producer's metas), onto `om`, the same frame in other memory. (GStreamer leaves out metas
+/// tagged "memory", such as the VideoMeta, when memories are not copied.)
+fn copy_buffer_fields(buffer: &gst::Buffer, om: &mut gst::BufferRef) {
+    if buffer
+        .copy_into(
+            om,
+            gst::BufferCopyFlags::FLAGS
+                | gst::BufferCopyFlags::TIMESTAMPS
+                | gst::BufferCopyFlags::META,
+            ..,
+        )
+        .is_err()
+    {
+        gst::warning!(
+            CAT,
+            "a frame's metas could not be copied into its new memory"
+        );
+    }
+}
+
+/// `info` (the stream's caps) with the frame's own plane offsets, strides and size: the
+/// layout a wrapped GstCudaMemory must describe exactly.
+pub(crate) fn wrapped_info(
+    info: &gst_video::VideoInfo,
+    geometry: &gpushm::format::FrameGeometry,
+) -> gst_video::ffi::GstVideoInfo {
+    // SAFETY: a plain copy of a live GstVideoInfo (its fields are values; `finfo` points to
+    // a static format table).
+    let mut raw = unsafe { *gst::glib::translate::ToGlibPtr::to_glib_none(info).0 };
+    for (i, p) in geometry
+        .planes
+        .iter()
+        .enumerate()
+        .take(gpushm::ring::layout::MAX_PLANES)
+    {
+        raw.offset[i] = p.offset as usize;
+        raw.stride[i] = p.stride as i32;
+    }
+    raw.size = geometry.size as usize;
+    raw
+}
+
+/// The GstVideoMeta that says a wrapped frame's layout to downstream.
+pub(crate) fn add_video_meta(
+    b: &mut gst::BufferRef,
+    flags: gst_video::VideoFrameFlags,
+    info: &gst_video::VideoInfo,
+    geometry: &gpushm::format::FrameGeometry,
+) -> Result<(), String> {
+    let offsets: Vec<usize> = geometry.planes.iter().map(|p| p.offset as usize).collect();
+    let strides: Vec<i32> = geometry.planes.iter().map(|p| p.stride as i32).collect();
+    gst_video::VideoMeta::add_full(
+        b,
+        flags,
+        info.format(),
+        info.width(),
+        info.height(),
+        &offsets,
+        &strides,
+    )
+    .map(|_| ())
+    .map_err(|e| format!("cannot describe the frame's planes: {e}"))
 }

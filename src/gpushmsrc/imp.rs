@@ -244,7 +244,7 @@ impl ElementImpl for GpuShmSrc {
             gst::subclass::ElementMetadata::new(
                 "GPU shared-memory video source",
                 "Source/Video",
-                "Receives raw or encoded video, audio or any stream from a gpushmsink in another process without copying its bytes; caps come from the producer. Joining an encoded stream, it starts at a keyframe, after the caps' stream headers. A producer's device ring (GPU memory) is read in place (cudasum, GpuShmCudaMeta; CPU elements get a copy when they map a frame) or, where downstream asks for memory:CUDAMemory, copied on the GPU into a CUDA buffer pool. Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
+                "Receives raw or encoded video, audio or any stream from a gpushmsink in another process without copying its bytes; caps come from the producer. Joining an encoded stream, it starts at a keyframe, after the caps' stream headers. A producer's device ring (GPU memory) is read in place (cudasum, GpuShmCudaMeta; CPU elements get a copy when they map a frame) and goes out as memory:CUDAMemory where downstream asks for it: the ring's GPU memory itself on GStreamer 1.24 and newer, a copy on the GPU before (frames-cuda-wrapped, frames-cuda-copied). Example: gst-launch-1.0 gpushmsrc socket-path=/tmp/cam ! videoconvert ! autovideosink",
                 "gpushm developers",
             )
         });
@@ -289,8 +289,8 @@ impl BaseSrcImpl for GpuShmSrc {
             timeout: Duration::from_nanos(s.timeout),
             retry: Duration::from_nanos(s.reconnect_interval).max(Duration::from_millis(1)),
             producer_uid: u32::try_from(s.producer_uid).ok(),
-            // A producer's device ring (frames in GPU memory) is mapped, and each frame copied
-            // to system memory for downstream.
+            // A producer's device ring (frames in GPU memory) is mapped; its frames go out
+            // in place (CUDA elements, GpuShmCudaMeta) or copied where downstream needs.
             device_memory: true,
             spin: Duration::from_micros(s.spin_us.into()),
         };

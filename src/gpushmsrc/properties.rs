@@ -124,6 +124,16 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .blurb("Frames copied into system memory instead of pointing into the ring, because downstream kept as many zero-copy frames as the producer's client-budget allows")
             .read_only()
             .build(),
+        glib::ParamSpecUInt64::builder("frames-cuda-wrapped")
+            .nick("Frames wrapped as CUDA memory")
+            .blurb("Device-ring frames handed to a downstream that asks for memory:CUDAMemory as CUDA memory over the ring's GPU memory itself: no copy (GStreamer 1.24 or newer)")
+            .read_only()
+            .build(),
+        glib::ParamSpecUInt64::builder("frames-cuda-copied")
+            .nick("Frames copied into CUDA memory")
+            .blurb("Device-ring frames copied on the GPU into a CUDA buffer pool for a downstream that asks for memory:CUDAMemory: always before GStreamer 1.24, which cannot wrap memory it did not allocate; on newer runtimes only for frames whose planes are not aligned for CUDA textures (a warning says why, once)")
+            .read_only()
+            .build(),
         glib::ParamSpecUInt64::builder("frames-skipped")
             .nick("Frames skipped")
             .blurb("Buffers of an encoded stream skipped while waiting for a keyframe (DELTA_UNIT buffers after joining mid-stream or after frames were dropped), so that decoders start clean")
@@ -215,6 +225,14 @@ impl GpuShmSrc {
             "frames-copied" => self
                 .shared()
                 .map_or(0u64, |s| s.copied.load(Ordering::Relaxed))
+                .to_value(),
+            "frames-cuda-wrapped" => self
+                .shared()
+                .map_or(0u64, |s| s.cuda_wrapped.load(Ordering::Relaxed))
+                .to_value(),
+            "frames-cuda-copied" => self
+                .shared()
+                .map_or(0u64, |s| s.cuda_copied.load(Ordering::Relaxed))
                 .to_value(),
             "frames-skipped" => self
                 .shared()

@@ -69,6 +69,11 @@ pub struct Device {
     /// cuMemHostRegister accepts CU_MEMHOSTREGISTER_READ_ONLY (needed for read-only mappings).
     pub host_register_read_only: bool,
     pub multiprocessors: u32,
+    /// What a plane read as a CUDA texture needs (GStreamer's CUDA converters read so): its
+    /// address a multiple of `texture_alignment` bytes, its stride of
+    /// `texture_pitch_alignment`.
+    pub texture_alignment: u64,
+    pub texture_pitch_alignment: u64,
 }
 
 impl fmt::Debug for Device {
@@ -137,6 +142,9 @@ pub fn device(id: i32) -> Result<Arc<Device>> {
             != 0
             && std::env::var_os(TEST_NO_READ_ONLY_REGISTER).is_none(),
         multiprocessors: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).max(1) as u32,
+        texture_alignment: attr(Attr::CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT).max(1) as u64,
+        texture_pitch_alignment: attr(Attr::CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT).max(1)
+            as u64,
         ctx,
     });
     devices.insert(ordinal, d.clone());

@@ -397,18 +397,29 @@ impl Worker {
             .flatten()
             .filter(|_| size > 0 && stream.video.is_some());
         let mut cuda_buffer = None;
+        let frame_caps = frame.caps.clone();
+        let producer_metas = frame.metas.clone();
         // Some(None): the frame's memory is in the buffer made ahead already.
         let mem = if let Some(out) = cuda_out {
-            // One device-to-device copy into a buffer of the CUDA pool downstream takes.
+            // In CUDA memory: the ring's GPU memory wrapped in place where GStreamer can
+            // (1.24+) and the layout lets its CUDA elements read it; otherwise one
+            // device-to-device copy into a buffer of the CUDA pool downstream takes.
             self.prev_slot = None;
-            cuda_buffer = Some(copy_to_cuda_pool(&out, &frame).map_err(|e| {
+            let info = stream.video.as_ref().ok_or_else(|| {
                 gst::error_msg!(
-                    gst::ResourceError::Read,
-                    ("Cannot copy a frame into CUDA memory: {}", e)
+                    gst::StreamError::Format,
+                    ("A device frame without video caps")
                 )
-            })?);
-            self.shared.copied.fetch_add(1, Ordering::Relaxed);
-            drop(frame.lease);
+            })?;
+            let held = copy;
+            cuda_buffer = Some(self.cuda_buffer_of(&out, info, frame, held, conn).map_err(
+                |e| {
+                    gst::error_msg!(
+                        gst::ResourceError::Read,
+                        ("Cannot hand a frame out in CUDA memory: {}", e)
+                    )
+                },
+            )?);
             None
         } else if size == 0 {
             // An empty buffer (caps other than raw video): nothing to map or keep.
@@ -601,7 +612,7 @@ impl Worker {
                     }
                 }
             }
-            if let Some(p) = frame.metas.as_deref() {
+            if let Some(p) = producer_metas.as_deref() {
                 for why in crate::frame_metas::apply(p, b) {
                     gst::debug!(CAT, "a meta of the producer left out: {why}");
                 }
@@ -637,7 +648,7 @@ impl Worker {
             buffer,
             details: Details {
                 meta: m,
-                caps: frame.caps.clone(),
+                caps: frame_caps,
                 arrival_ns,
                 conn_serial: self.serial,
                 slot,
@@ -672,13 +683,107 @@ impl Worker {
 
 /// Copies a device-ring frame into a buffer of `out`'s CUDA pool, plane by plane on the GPU
 /// (the pool pitches its rows: its VideoMeta says how).
-fn copy_to_cuda_pool(out: &CudaOut, frame: &Frame) -> Result<gst::Buffer, String> {
-    let ring = frame.lease.ring();
-    let mem = crate::cuda::vmm::of(ring.attachment()).ok_or("the frame is not in GPU memory")?;
-    let (src, _) = frame
-        .device_ptr()
-        .ok_or("the frame lies outside its ring's GPU memory")?;
-    let geometry = frame.layout()?;
+impl Worker {
+    /// A device-ring frame as a buffer in CUDA memory (`info`: its stream's caps): wrapped
+    /// in place (the buffer holds the frame's lease until GStreamer frees the memory), or
+    /// copied into the CUDA pool (the lease goes at once). Counted either way; the first
+    /// copy on a runtime that can wrap says why.
+    /// `held`: downstream holds as many frames as our budget allows (the count), so this one
+    /// is copied, as on a host ring.
+    fn cuda_buffer_of(
+        &mut self,
+        out: &CudaOut,
+        info: &gst_video::VideoInfo,
+        frame: Frame,
+        held: Option<usize>,
+        conn: &Subscriber,
+    ) -> Result<gst::Buffer, String> {
+        let meta_flags = frame.meta.buffer_flags;
+        let ring = frame.lease.ring().clone();
+        let mem =
+            crate::cuda::vmm::of(ring.attachment()).ok_or("the frame is not in GPU memory")?;
+        let (src, _) = frame
+            .device_ptr()
+            .ok_or("the frame lies outside its ring's GPU memory")?;
+        let geometry = frame.layout()?;
+        let wrappable = out
+            .wrap
+            .clone()
+            .and_then(|()| crate::cuda::textures::wrappable(&geometry, src, mem.device()))
+            .and_then(|()| match held {
+                Some(_) => Err(String::new()),
+                None => Ok(()),
+            });
+        let keep = Box::new(NotifyOnRelease {
+            lease: Some(frame.lease),
+            shared: Arc::downgrade(&self.shared),
+        });
+        let keep = match wrappable {
+            Ok(()) => {
+                let winfo = crate::gpushmsrc::cuda::wrapped_info(info, &geometry);
+                match crate::cuda::gstcuda::wrap_device_memory(&out.ctx, &winfo, src, keep) {
+                    Ok(m) => {
+                        let mut buffer = gst::Buffer::new();
+                        let b = buffer.get_mut().ok_or("a new buffer is not writable")?;
+                        b.append_memory(m);
+                        crate::gpushmsrc::cuda::add_video_meta(
+                            b,
+                            frame_flags(meta_flags),
+                            info,
+                            &geometry,
+                        )?;
+                        self.shared.cuda_wrapped.fetch_add(1, Ordering::Relaxed);
+                        return Ok(buffer);
+                    }
+                    Err(keep) => {
+                        self.say_cuda_copy("GStreamer's CUDA library refused to wrap it");
+                        keep
+                    }
+                }
+            }
+            Err(why) => {
+                if out.wrap.is_ok() && held.is_none() {
+                    self.say_cuda_copy(&why);
+                }
+                keep
+            }
+        };
+        let buffer = copy_to_cuda_pool(out, mem, src, &geometry)?;
+        drop(keep);
+        self.shared.cuda_copied.fetch_add(1, Ordering::Relaxed);
+        // Copies for downstream's sake are the producer's to count, and said once.
+        if let Some(held) = held.filter(|_| out.wrap.is_ok()) {
+            let n = conn.count_copy();
+            if !std::mem::replace(&mut self.copy_warned, true) {
+                self.warn_copy(conn, held, n);
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Says once why device-ring frames are copied into CUDA memory on a runtime that could
+    /// wrap them.
+    fn say_cuda_copy(&mut self, why: &str) {
+        if std::mem::replace(&mut self.cuda_copy_said, true) {
+            return;
+        }
+        if let Some(el) = self.element.upgrade() {
+            gst::element_warning!(
+                el,
+                gst::ResourceError::Settings,
+                ("Device-ring frames are copied into CUDA memory: {}", why),
+                ["Frames whose planes start at multiples of the GPU's texture alignment, with strides of its pitch alignment, go out without a copy"]
+            );
+        }
+    }
+}
+
+fn copy_to_cuda_pool(
+    out: &CudaOut,
+    mem: &gpushm::cuda::vmm::DeviceMemory,
+    src: u64,
+    geometry: &gpushm::format::FrameGeometry,
+) -> Result<gst::Buffer, String> {
     let mut buffer = out
         .pool
         .acquire_buffer(None)

@@ -112,12 +112,19 @@ pub(super) struct Details {
     pub built_ns: u64,
 }
 
-/// Where device-ring frames of one stream go when downstream takes CUDA memory: a buffer
-/// pool of GStreamer's CUDA library (in the CUDA context the pipeline shares), active.
-pub(super) struct CudaOut {
+/// Where device-ring frames of one stream go when downstream takes CUDA memory: wrapped in
+/// place as CUDA memory of the pipeline's CUDA context (GStreamer 1.24+), or copied into a
+/// buffer pool of GStreamer's CUDA library (active; it allocates only when a frame is
+/// copied).
+pub struct CudaOut {
     pub pool: gst::BufferPool,
     /// The producer's caps the pool was made for.
     pub caps: Arc<str>,
+    /// The CUDA context the pipeline shares (the pool's).
+    pub ctx: crate::cuda::gstcuda::Context,
+    /// Frames are wrapped without a copy where their layout allows (`Err`: why they are
+    /// copied, said once).
+    pub wrap: Result<(), String>,
 }
 
 impl Drop for CudaOut {
@@ -256,6 +263,10 @@ pub(super) struct Shared {
     pub queue_dropped: AtomicU64,
     /// Frames copied out of the ring because downstream kept our zero-copy ones.
     pub copied: AtomicU64,
+    /// Device-ring frames that went out in CUDA memory wrapping the ring's GPU memory, and
+    /// those copied into the CUDA pool instead.
+    pub cuda_wrapped: AtomicU64,
+    pub cuda_copied: AtomicU64,
     /// Frames of an encoded stream skipped while waiting for a keyframe.
     pub skipped: AtomicU64,
     /// Low-latency mode: frames that came while the ring was polled, and polls that ended
@@ -285,8 +296,8 @@ impl Shared {
 
     /// Device-ring frames of `caps` go into this CUDA pool from now on (`None`: system
     /// memory).
-    pub fn set_cuda_out(&self, out: Option<(gst::BufferPool, Arc<str>)>) {
-        let new = out.map(|(pool, caps)| Arc::new(CudaOut { pool, caps }));
+    pub fn set_cuda_out(&self, out: Option<CudaOut>) {
+        let new = out.map(Arc::new);
         let old = std::mem::replace(
             &mut *self.cuda_out.lock().unwrap_or_else(|e| e.into_inner()),
             new,
@@ -294,14 +305,8 @@ impl Shared {
         drop(old);
     }
 
-    /// The CUDA pool device-ring frames of `caps` go into, if downstream takes CUDA memory.
-    pub fn cuda_pool_for(&self, caps: &Arc<str>) -> Option<gst::BufferPool> {
-        self.cuda_out_for(caps).map(|o| o.pool.clone())
-    }
-
-    /// The CUDA pool for device-ring frames of `caps`, if downstream takes them in CUDA
-    /// memory.
-    fn cuda_out_for(&self, caps: &Arc<str>) -> Option<Arc<CudaOut>> {
+    /// Where device-ring frames of `caps` go, if downstream takes them in CUDA memory.
+    pub fn cuda_out_for(&self, caps: &Arc<str>) -> Option<Arc<CudaOut>> {
         self.cuda_out
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -723,6 +728,7 @@ impl Receiver {
             copy_warned: false,
             gave_up_waiting: false,
             writable_refusal_warned: false,
+            cuda_copy_said: false,
             ahead: None,
             spares: Vec::new(),
             next_slot: Vec::new(),
@@ -810,6 +816,8 @@ struct Worker {
     /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
     gave_up_waiting: bool,
     writable_refusal_warned: bool,
+    /// Why device-ring frames are copied into CUDA memory was said.
+    cuda_copy_said: bool,
     /// The next frame's buffer, made before waiting for that frame (off its way): empty, with
     /// the metas every frame of this stream gets, which build() fills in.
     ahead: Option<Ahead>,
