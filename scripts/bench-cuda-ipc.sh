@@ -62,7 +62,7 @@ if $inspect cudaipcsink >/dev/null 2>&1; then
 else
   echo "(no cudaipcsink here: GStreamer 1.24+ with nvcodec has it)"
 fi
-chain "gpushmsink -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK wait-for-connection=true" \
+chain "gpushmsink -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \
   "gpushmsrc socket-path=SOCK mode=lossless" "video/x-raw(memory:CUDAMemory)"
-chain "gpushmsink -> gpushmsrc ! cudasum (in place)" "gpushmsink socket-path=SOCK wait-for-connection=true" \
+chain "gpushmsink -> gpushmsrc ! cudasum (in place)" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \
   "gpushmsrc socket-path=SOCK mode=lossless" "cudasum"

@@ -71,6 +71,65 @@ fn pattern_run(width: u32, height: u32, frames: u64) {
     assert_eq!(dev_shm(), shm_before, "nothing of ours in /dev/shm");
 }
 
+/// `wait-for-clients`: a producer at 30 fps told to wait for two consumers holds its first
+/// frame until the second connects, a second after the first, and both get every frame,
+/// checked byte for byte from frame 0. Waiting for one (the default), the late one misses
+/// the frames made before it came.
+#[test]
+fn wait_for_clients_gives_every_consumer_started_with_the_producer_the_first_frame() {
+    for (clients, late_gets_all) in [(2, true), (1, false)] {
+        let dir = tmpdir();
+        let sock = dir.path().join("wait.sock");
+        let mut producer = example("pattern_producer");
+        producer.args([
+            "--socket",
+            sock.to_str().unwrap(),
+            "--fps",
+            "30",
+            "--pace",
+            "--wait",
+        ]);
+        producer.args(["--width", "320", "--height", "240", "--frames", "60"]);
+        producer.args(["--sink-prop", &format!("wait-for-clients={clients}")]);
+        let producer = Proc::spawn(producer, "pattern_producer");
+        wait_for_path(&sock, Duration::from_secs(10));
+        let consumer = || {
+            let mut c = example("frame_checker");
+            c.args(["--socket", sock.to_str().unwrap(), "--verify", "--lossless"]);
+            Proc::spawn(c, "frame_checker")
+        };
+        let first = consumer();
+        std::thread::sleep(Duration::from_secs(1));
+        let late = consumer();
+        let (fs, fout) = first.finish(Duration::from_secs(60));
+        let (ls, lout) = late.finish(Duration::from_secs(60));
+        let (ps, pout) = producer.finish(Duration::from_secs(30));
+        assert!(ps.success(), "producer failed:\n{}", pout.join("\n"));
+        assert!(fs.success(), "first consumer failed:\n{}", fout.join("\n"));
+        assert!(ls.success(), "late consumer failed:\n{}", lout.join("\n"));
+        let f = fields(&fout, "SUMMARY ");
+        let l = fields(&lout, "SUMMARY ");
+        assert_eq!(
+            (num(&f, "frames"), num(&f, "first"), num(&f, "bad")),
+            (60.0, 0.0, 0.0)
+        );
+        assert_eq!(num(&l, "bad"), 0.0);
+        if late_gets_all {
+            assert_eq!(
+                (num(&l, "frames"), num(&l, "first")),
+                (60.0, 0.0),
+                "wait-for-clients={clients}"
+            );
+        } else {
+            // A second at 30 fps: about 30 frames went out before it connected.
+            assert!(
+                num(&l, "first") >= 10.0,
+                "wait-for-clients=1: the late one started at {l:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn nv12_1080p_500_frames_between_processes() {
     pattern_run(1920, 1080, 500);

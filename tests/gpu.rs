@@ -1117,6 +1117,85 @@ fn cudaconvert_reads_gpushmsrc_cuda_memory_in_place() {
     }
 }
 
+/// The GstCudaContext a CUDA element next to `pad` (a pad of it) runs in, from a context
+/// query on the pad.
+fn cuda_context_of(pad: &gst::Pad) -> gst::Object {
+    let mut q = gst::query::Context::new("gst.cuda.context");
+    assert!(pad.query(&mut q), "{} answers no context query", pad.name());
+    q.context()
+        .expect("a context")
+        .structure()
+        .get::<gst::Object>("gst.cuda.context")
+        .expect("a GstCudaContext")
+}
+
+/// One CUDA context per process: `cudaupload ! gpushmsink` and `gpushmsrc ! cudadownload` run
+/// GStreamer's CUDA elements in the context gpushm itself works in (the GPU's primary context,
+/// wrapped), not in one of their own beside it (each costs hundreds of MiB of GPU memory and
+/// a few hundred ms to make). The frames still arrive intact.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_elements_next_to_gpushm_run_in_its_cuda_context() {
+    gpu("cuda_elements_next_to_gpushm_run_in_its_cuda_context");
+    let _serial = in_process();
+    let dir = tmpdir();
+    let sock = dir.path().join("ctx.sock");
+    let producer = gst::parse::launch(&format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+         ! cudaupload name=up ! video/x-raw(memory:CUDAMemory) ! gpushmsink socket-path={} wait-for-connection=true",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    producer.set_state(gst::State::Playing).unwrap();
+    wait_for_path(&sock, Duration::from_secs(10));
+    let consumer = gst::parse::launch(&format!(
+        "gpushmsrc name=src socket-path={} mode=lossless num-buffers=30 \
+         ! video/x-raw(memory:CUDAMemory) ! cudadownload name=dl ! video/x-raw \
+         ! appsink name=out sync=false max-buffers=0 wait-on-eos=false",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    consumer.set_state(gst::State::Playing).unwrap();
+    let end = consumer.bus().unwrap().timed_pop_filtered(
+        gst::ClockTime::from_seconds(30),
+        &[gst::MessageType::Eos, gst::MessageType::Error],
+    );
+    assert!(
+        matches!(
+            end.as_ref().map(|m| m.view()),
+            Some(gst::MessageView::Eos(_))
+        ),
+        "{end:?}"
+    );
+    let dev = gstgpushm::cuda::device(0).unwrap();
+    let ours = gstgpushm::cuda::gstcuda::process_context(&dev).unwrap();
+    let up = producer.by_name("up").unwrap().static_pad("src").unwrap();
+    let dl = consumer.by_name("dl").unwrap().static_pad("sink").unwrap();
+    assert_eq!(&cuda_context_of(&up), ours.object(), "cudaupload's context");
+    assert_eq!(
+        &cuda_context_of(&dl),
+        ours.object(),
+        "cudadownload's context"
+    );
+    let sink = consumer
+        .by_name("out")
+        .unwrap()
+        .downcast::<gst_app::AppSink>()
+        .unwrap();
+    let mut frames = Vec::new();
+    while let Some(s) = sink.try_pull_sample(gst::ClockTime::ZERO) {
+        frames.push((s.buffer_owned().unwrap(), s.caps().unwrap().to_owned()));
+    }
+    consumer.set_state(gst::State::Null).unwrap();
+    producer.set_state(gst::State::Null).unwrap();
+    assert_eq!(frames.len(), 30);
+    assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
+}
+
 /// cudasum reads a device ring's frames in place: gpushmsrc hands them zero-copy (a memory
 /// over the ring's GPU memory, with its GpuShmCudaMeta), and the sums equal the CPU
 /// backend's over the same pictures, frame for frame.

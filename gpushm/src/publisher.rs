@@ -409,7 +409,7 @@ impl Publisher {
             max_wait: Duration::from_nanos(frame_ns.clamp(40_000_000, 200_000_000)),
             spin: Duration::from_nanos(self.spin_ns.load(std::sync::atomic::Ordering::Relaxed)),
         };
-        let result = match self.server.publish_frame(gen, slot, meta, policy, false) {
+        let result = match self.server.publish_frame(gen, slot, meta, policy, 0) {
             Ok(Published::SlotBusy(why)) => Err(Error::Invalid(format!(
                 "{why}: a frame lent before set_layout() cannot be published; lend a new one"
             ))),

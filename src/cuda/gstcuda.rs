@@ -79,6 +79,8 @@ struct Fns {
     ) -> glib::ffi::gboolean,
     buffer_pool_new: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstBufferPool,
     is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
+    context_new_wrapped: unsafe extern "C" fn(*mut std::ffi::c_void, c_int) -> Ctx,
+    context_new_cuda_context: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstContext,
     /// `gst_cuda_allocator_alloc_wrapped` (GStreamer 1.24+); `None` before.
     alloc_wrapped: Option<AllocWrapped>,
 }
@@ -118,6 +120,8 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
             handle_context_query: *lib.get(b"gst_cuda_handle_context_query\0")?,
             buffer_pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0")?,
             is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
+            context_new_wrapped: *lib.get(b"gst_cuda_context_new_wrapped\0")?,
+            context_new_cuda_context: *lib.get(b"gst_context_new_cuda_context\0")?,
             alloc_wrapped: lib
                 .get::<AllocWrapped>(b"gst_cuda_allocator_alloc_wrapped\0")
                 .ok()
@@ -183,8 +187,54 @@ impl Context {
             .unwrap_or(-1)
     }
 
+    /// The GstCudaContext object itself.
+    pub fn object(&self) -> &gst::Object {
+        &self.0
+    }
+
     fn as_ptr(&self) -> Ctx {
         self.0.to_glib_none().0
+    }
+}
+
+/// This process's CUDA context on GPU `dev` (the primary context gpushm's own CUDA work
+/// runs in) as a GstCudaContext, made once per GPU and shared by every gpushm element. They
+/// hand it to GStreamer's CUDA elements (answering their context query, or as the context
+/// they find none for), which then run in it too: a CUDA context costs hundreds of MiB of GPU
+/// memory, and a process sharing frames with CUDA elements then has one, not two. GStreamer
+/// never destroys a wrapped context; ours lives as long as the process.
+pub fn process_context(dev: &crate::cuda::Device) -> Option<Context> {
+    static CONTEXTS: std::sync::LazyLock<
+        std::sync::Mutex<std::collections::HashMap<usize, Context>>,
+    > = std::sync::LazyLock::new(Default::default);
+    let l = lib().ok()?;
+    let mut contexts = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = contexts.get(&dev.ordinal) {
+        return Some(c.clone());
+    }
+    // SAFETY: a live context of `dev`'s device (the device cache keeps it for the process's
+    // life); the library returns a new (full) reference or NULL.
+    let c = unsafe {
+        let p = (l.f.context_new_wrapped)(
+            dev.ctx.cu_ctx() as *mut std::ffi::c_void,
+            dev.ctx.cu_device(),
+        );
+        if p.is_null() {
+            return None;
+        }
+        Context(from_glib_full(p))
+    };
+    contexts.insert(dev.ordinal, c.clone());
+    Some(c)
+}
+
+/// A GstContext carrying `ctx` (for HAVE_CONTEXT messages and set_context).
+pub fn gst_context(ctx: &Context) -> Option<gst::Context> {
+    let l = lib().ok()?;
+    // SAFETY: a live GstCudaContext; a new (full) GstContext comes back, or NULL.
+    unsafe {
+        let p = (l.f.context_new_cuda_context)(ctx.as_ptr());
+        (!p.is_null()).then(|| from_glib_full(p))
     }
 }
 

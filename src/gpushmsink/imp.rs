@@ -51,7 +51,8 @@ use super::pool::{Server, SlotPool};
 use super::properties::{
     self, DEFAULT_ALLOW_WRITABLE_RING, DEFAULT_CLIENT_BUDGET, DEFAULT_CUDA_DEVICE,
     DEFAULT_MAX_BUFFER_SIZE, DEFAULT_MAX_CLIENTS, DEFAULT_MAX_WAIT, DEFAULT_PERMS, DEFAULT_SLOTS,
-    DEFAULT_WAIT_FOR_CONNECTION, DEFAULT_WAKE_AHEAD_US, DEFAULT_WAKE_EARLY,
+    DEFAULT_WAIT_FOR_CLIENTS, DEFAULT_WAIT_FOR_CONNECTION, DEFAULT_WAKE_AHEAD_US,
+    DEFAULT_WAKE_EARLY,
 };
 use super::publish::FramePath;
 use crate::cuda::Selected;
@@ -71,6 +72,8 @@ pub(super) struct Settings {
     pub(super) socket_path: Option<PathBuf>,
     pub(super) stream: Option<String>,
     pub(super) wait_for_connection: bool,
+    /// How many consumers wait_for_connection waits for.
+    pub(super) wait_for_clients: u32,
     pub(super) perms: u32,
     pub(super) slots: u32,
     pub(super) cuda_device: i32,
@@ -92,6 +95,7 @@ impl Default for Settings {
             socket_path: None,
             stream: None,
             wait_for_connection: DEFAULT_WAIT_FOR_CONNECTION,
+            wait_for_clients: DEFAULT_WAIT_FOR_CLIENTS,
             perms: DEFAULT_PERMS,
             slots: DEFAULT_SLOTS,
             cuda_device: DEFAULT_CUDA_DEVICE,
@@ -311,6 +315,23 @@ impl BaseSinkImpl for GpuShmSink {
             }) {
                 q.set_result(false);
                 return true;
+            }
+        }
+        // A CUDA element upstream (nvh264dec, cudaupload) looks for the pipeline's CUDA
+        // context: it gets this process's, the one a device ring is made in, so that the
+        // process runs one CUDA context, not two (see gstcuda::process_context).
+        if let gst::QueryViewMut::Context(q) = query.view_mut() {
+            if q.context_type() == crate::cuda::gstcuda::CONTEXT_TYPE {
+                let id = self.settings().cuda_device;
+                let ctx = crate::cuda::gstcuda::available()
+                    .ok()
+                    .and_then(|()| crate::cuda::device(id).ok())
+                    .and_then(|d| crate::cuda::gstcuda::process_context(&d));
+                let obj = self.obj();
+                if crate::cuda::gstcuda::handle_context_query(obj.upcast_ref(), query, ctx.as_ref())
+                {
+                    return true;
+                }
             }
         }
         BaseSinkImplExt::parent_query(self, query)

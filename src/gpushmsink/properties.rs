@@ -16,6 +16,7 @@ use crate::cudameta::{CudaRegister, RingPlacement};
 use gpushm::ring::layout::MAX_SLOTS;
 
 pub(super) const DEFAULT_WAIT_FOR_CONNECTION: bool = false;
+pub(super) const DEFAULT_WAIT_FOR_CLIENTS: u32 = 1;
 pub(super) const DEFAULT_PERMS: u32 = 0o600;
 pub(super) const DEFAULT_SLOTS: u32 = 8;
 pub(super) const DEFAULT_CUDA_DEVICE: i32 = -1;
@@ -62,6 +63,14 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .nick("Wait for connection")
             .blurb("Block the stream until at least one consumer is connected. The consumers connected then get every buffer from the first, whatever their mode, the backlog a live source made meanwhile included (waited for up to 1 s a frame, until each has kept up with frames on time for 1.5 s; one that takes them slower than they come is served as its mode says); consumers that join later get the stream from where it is")
             .default_value(DEFAULT_WAIT_FOR_CONNECTION)
+            .mutable_playing()
+            .build(),
+        glib::ParamSpecUInt::builder("wait-for-clients")
+            .nick("Consumers to wait for")
+            .blurb("How many consumers wait-for-connection waits for before the first buffer: a recorder, a viewer and an inference process started with the producer then all get the stream from its first frame")
+            .minimum(1)
+            .maximum(1024)
+            .default_value(DEFAULT_WAIT_FOR_CLIENTS)
             .mutable_playing()
             .build(),
         glib::ParamSpecUInt::builder("perms")
@@ -192,6 +201,7 @@ impl GpuShmSink {
             }
             "stream" => s.stream = value.get::<Option<String>>().expect("type checked"),
             "wait-for-connection" => s.wait_for_connection = value.get().expect("type checked"),
+            "wait-for-clients" => s.wait_for_clients = value.get().expect("type checked"),
             "perms" => s.perms = value.get().expect("type checked"),
             "slots" => s.slots = value.get().expect("type checked"),
             "cuda-device-id" => s.cuda_device = value.get().expect("type checked"),
@@ -237,6 +247,7 @@ impl GpuShmSink {
                 .to_value(),
             "stream" => self.settings().stream.to_value(),
             "wait-for-connection" => self.settings().wait_for_connection.to_value(),
+            "wait-for-clients" => self.settings().wait_for_clients.to_value(),
             "perms" => self.settings().perms.to_value(),
             "slots" => self.settings().slots.to_value(),
             "cuda-device-id" => self.settings().cuda_device.to_value(),

@@ -138,7 +138,11 @@ impl GpuShmSink {
         });
         let (wait, policy) = {
             let s = self.settings();
-            (s.wait_for_connection, policy(&s, live, duration))
+            let wait = match s.wait_for_connection {
+                true => s.wait_for_clients.max(1) as usize,
+                false => 0,
+            };
+            (wait, policy(&s, live, duration))
         };
         let gen = ring.ring_gen();
         // Metas travel beside the frame (the ring has no field for them).

@@ -145,6 +145,21 @@ impl GpuShmSrc {
         }
     }
 
+    /// This process's CUDA context on GPU `device` (-1: the first) as a GstCudaContext (see
+    /// gstcuda::process_context), kept as this element's when it has none. Asked for by a
+    /// CUDA element of the pipeline, which uses the GPU then. `None` without a GPU or
+    /// GStreamer's CUDA library.
+    pub(super) fn process_cuda_context(&self, device: i32) -> Option<gstcuda::Context> {
+        gstcuda::available().ok()?;
+        let d = crate::cuda::device(device).ok()?;
+        let ctx = gstcuda::process_context(&d)?;
+        let mut slot = self.cuda_ctx.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(ctx.clone());
+        }
+        Some(ctx)
+    }
+
     /// Whether downstream takes device-ring frames of `caps` (GPU `device`) in CUDA memory:
     /// it names memory:CUDAMemory in its caps (an element taking ANY gets system memory, as
     /// from nvcodec's decoders) and GStreamer's CUDA library is here. Then the pipeline's
@@ -192,6 +207,24 @@ impl GpuShmSrc {
             .clone()
             .filter(|c| c.device_id() == device);
         let element = obj.upcast_ref::<gst::Element>();
+        if ctx.is_none() {
+            // A neighbour's first (downstream may have one of its own, or the application's).
+            let mut q = gst::query::Context::new(gstcuda::CONTEXT_TYPE);
+            if pad.peer_query(&mut q) {
+                if let Some(c) = q.context_owned() {
+                    gstcuda::handle_set_context(element, &c, device, &mut ctx);
+                }
+            }
+        }
+        if ctx.as_ref().is_none_or(|c| c.device_id() != device) {
+            // Otherwise this process's, shared with the pipeline (HAVE_CONTEXT), rather than
+            // a new one next to the context the frames are imported in.
+            ctx = self.process_cuda_context(device);
+            if let Some(c) = ctx.as_ref().and_then(gstcuda::gst_context) {
+                let _ = element
+                    .post_message(gst::message::HaveContext::builder(c).src(element).build());
+            }
+        }
         if !gstcuda::ensure_element_context(element, device, &mut ctx) {
             gst::element_imp_warning!(
                 self,

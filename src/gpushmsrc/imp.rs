@@ -418,11 +418,14 @@ impl BaseSrcImpl for GpuShmSrc {
     fn query(&self, query: &mut gst::QueryRef) -> bool {
         if let gst::QueryViewMut::Context(q) = query.view_mut() {
             if q.context_type() == gstcuda::CONTEXT_TYPE {
-                let ctx = self
+                // A CUDA element downstream looks for the pipeline's context: ours, or this
+                // process's, which frames are imported in (see gstcuda::process_context).
+                let cached = self
                     .cuda_ctx
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .clone();
+                let ctx = cached.or_else(|| self.process_cuda_context(self.settings().cuda_device));
                 let obj = self.obj();
                 if gstcuda::handle_context_query(obj.upcast_ref(), query, ctx.as_ref()) {
                     return true;

@@ -46,8 +46,8 @@ struct Waited {
 
 impl<P: Send + 'static> Server<P> {
     /// Publishes the frame in `slot` of ring `ring_gen` to every client, following `policy`
-    /// (see the module's documentation). With `wait_for_client` it first waits until a
-    /// client is connected. A slot that cannot be published (not in the current ring, or
+    /// (see the module's documentation). With `wait_for_clients` > 0 it first waits until
+    /// that many clients are connected. A slot that cannot be published (not in the current ring, or
     /// still held by consumers) is [`Published::SlotBusy`]: the caller publishes a copy.
     pub fn publish_frame(
         &self,
@@ -55,11 +55,14 @@ impl<P: Send + 'static> Server<P> {
         slot: u32,
         mut meta: FrameMeta,
         policy: Policy,
-        wait_for_client: bool,
+        wait_for_clients: usize,
     ) -> Result<Published> {
         let mut guard = self.lock();
-        if wait_for_client && guard.clients.open_count() == 0 {
-            while guard.clients.open_count() == 0 && !guard.unlocked && !guard.shutdown {
+        if guard.clients.open_count() < wait_for_clients {
+            while guard.clients.open_count() < wait_for_clients
+                && !guard.unlocked
+                && !guard.shutdown
+            {
                 guard = self.changed.wait(guard).unwrap_or_else(|e| e.into_inner());
             }
             // Those that ended the wait get what the source made meanwhile.
