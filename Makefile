@@ -5,11 +5,13 @@
 # make install PREFIX=/usr/local - the plugin, the gpushm command, and the C API: libgpushm.so, gpushm.h, gpushm.pc
 # make wheel   - the Python package as an abi3 wheel (target/wheels/); make wheel-test installs and uses it without Rust
 # make test-gst126 - the element, pipeline, encoded, timing, events, metas and ported tests on GStreamer 1.26 (as root)
+# make deb     - the Debian package (target/deb/): plugin, gpushm command, libgpushm, gpushm.h, gpushm.pc
+# make package-test - the .deb installed, used and purged on a clean Debian 12 root (as root), and the wheel in a venv without Rust
 
 CARGO ?= cargo
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
-.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126 wheel wheel-test
+.PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126 wheel wheel-test deb package-test
 
 all: build
 
@@ -54,6 +56,15 @@ wheel:
 	$(PYVENV)/bin/pip wheel -q --no-deps -w $(WHEELS) ./python
 wheel-test: wheel
 	scripts/test-wheel.sh
+
+# The Debian package (scripts/make-deb.sh), and the packages installed as users install them:
+# the .deb with apt on a clean Debian 12 root (scripts/test-deb.sh), the wheel with pip where
+# there is no Rust or compiler. CI runs it after `make test`.
+deb: deps
+	scripts/make-deb.sh
+package-test: deps
+	scripts/test-deb.sh
+	$(MAKE) wheel-test
 
 # The Python package, installed as the README says (pip install ./python) into a venv of its
 # own, then its tests (the GPU ones are marked and deselected here).
