@@ -4,7 +4,7 @@
 # make build  - release build of the plugin and the examples
 # make install PREFIX=/usr/local - the plugin, the gpushm command, and the C API: libgpushm.so, gpushm.h, gpushm.pc
 # make wheel   - the Python package as an abi3 wheel (target/wheels/); make wheel-test installs and uses it without Rust
-# make test-gst126 - the element, pipeline, encoded, timing, events, metas and ported tests on GStreamer 1.26 (as root)
+# make test-gst126 - the element, pipeline, encoded, timing, events, metas and ported tests on GStreamer 1.26 (as root; CI runs it)
 # make deb     - the Debian package (target/deb/): plugin, gpushm command, libgpushm, gpushm.h, gpushm.pc
 # make package-test - the .deb installed, used and purged on a clean Debian 12 root (as root), and the wheel in a venv without Rust
 

@@ -14,8 +14,11 @@ cd "$(dirname "$0")/.."
 bundle=${GST126_DIR:-.gst126}
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(elements pipelines encoded timing events metas ported_shm ported_unixfd ported_inter)
+# The bundle maker (the project's shared tool, beside this checkout; GST126_TOOL elsewhere).
+tool=${GST126_TOOL:-../shared/tools/gst126/make-bundle}
+[ -x "$tool" ] || { echo "test-gst126: no $tool: set GST126_TOOL to ../shared/tools/gst126/make-bundle's path" >&2; exit 1; }
 # What the tests' pipelines use beyond make-bundle's defaults.
-../shared/tools/gst126/make-bundle "$bundle" matroska audiotestsrc debug debugutilsbad \
+"$tool" "$bundle" matroska audiotestsrc debug debugutilsbad \
   audioconvert audiorate videorate jpeg rtp libav openh264 mpegtsmux mpegtsdemux >/dev/null
 cargo build --locked --lib --examples
 args=()
@@ -28,7 +31,8 @@ for l in sys.stdin:
     m = json.loads(l)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] != "gpushm":
         print(m["executable"])')
-export GPUSHM_TEST_GST=$PWD/$bundle GPUSHM_TEST_BUILD_DIR=${CARGO_TARGET_DIR:-$PWD/target}/debug
+bundle=$(cd "$bundle" && pwd)   # (GST126_DIR may be relative or absolute)
+export GPUSHM_TEST_GST=$bundle GPUSHM_TEST_BUILD_DIR=${CARGO_TARGET_DIR:-$PWD/target}/debug
 failed=0
 for b in "${bins[@]}"; do
   echo "== $(basename "$b") on $("$bundle/gst-inspect" --version | sed -n 2p)"
