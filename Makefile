@@ -21,9 +21,11 @@ deps:
 build: deps
 	$(CARGO) build --release --locked --lib --examples
 
-# Only what the demo runs: the plugin and the frame checker (not every example: the RTSP
-# server and the benchmark would triple the wait before the demo shows anything).
-demo: deps
+# Only what the demo runs, and only the packages for it: the plugin and the frame checker (not
+# every example: the RTSP server and the benchmark would triple the wait before the demo
+# shows anything).
+demo:
+	@scripts/install-deps.sh demo
 	$(CARGO) build --release --locked -p gst-plugin-gpushm --lib --example frame_checker
 	@GST_PLUGIN_PATH=$(PLUGIN_DIR) scripts/demo.sh
 

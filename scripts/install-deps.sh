@@ -3,7 +3,10 @@
 # Installs what gpushm needs on Debian, Ubuntu or JetPack, only where it is missing:
 # GStreamer development files, tools and plugins (apt-get, with sudo when not root),
 # and the Rust components used by `make test`.
+#   scripts/install-deps.sh          # everything `make test` and the examples use
+#   scripts/install-deps.sh demo     # only what `make demo` builds and runs (a few packages)
 set -euo pipefail
+only_demo=; [ "${1:-}" = demo ] && only_demo=1
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -15,6 +18,9 @@ pkg-config --exists gstreamer-1.0 gstreamer-check-1.0 2>/dev/null || pkgs+=(libg
 pkg-config --exists gstreamer-video-1.0 gstreamer-app-1.0 2>/dev/null || pkgs+=(libgstreamer-plugins-base1.0-dev)
 command -v gst-launch-1.0 >/dev/null 2>&1 || pkgs+=(gstreamer1.0-tools)
 gst-inspect-1.0 videotestsrc >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-base)
+# (The examples, the frame checker too, build with the dev-dependencies: the RTSP server's.)
+pkg-config --exists gstreamer-rtsp-server-1.0 2>/dev/null || pkgs+=(libgstrtspserver-1.0-dev)
+if [ -z "$only_demo" ]; then
 gst-inspect-1.0 shmsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
 gst-inspect-1.0 rtpvrawpay >/dev/null 2>&1 && gst-inspect-1.0 mp4mux >/dev/null 2>&1 &&
   gst-inspect-1.0 matroskamux >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-good)
@@ -36,7 +42,6 @@ gst-inspect-1.0 checksumsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
 # Re-exporting over the network (tests/network.rs): srtsink/srtsrc (plugins-bad), rtspsrc
 # (plugins-good) and the rtsp_server example, built against gst-rtsp-server.
 gst-inspect-1.0 srtsink >/dev/null 2>&1 || pkgs+=(gstreamer1.0-plugins-bad)
-pkg-config --exists gstreamer-rtsp-server-1.0 2>/dev/null || pkgs+=(libgstrtspserver-1.0-dev)
 # The namespace test runs unshare (util-linux).
 command -v unshare >/dev/null 2>&1 || pkgs+=(util-linux)
 # The C API: cbindgen writes gpushm.h (CI checks the committed one is current); its tests and
@@ -44,6 +49,7 @@ command -v unshare >/dev/null 2>&1 || pkgs+=(util-linux)
 command -v cbindgen >/dev/null 2>&1 || pkgs+=(cbindgen)
 command -v c++ >/dev/null 2>&1 || pkgs+=(g++)
 [ -e /usr/include/opencv4/opencv2/imgcodecs.hpp ] || pkgs+=(libopencv-core-dev libopencv-imgcodecs-dev)
+fi
 
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "Installing: ${pkgs[*]}"
@@ -62,7 +68,7 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "Rust installed: open a new shell (or run: . \$HOME/.cargo/env) and run make again."
   exit 1
 fi
-if command -v rustup >/dev/null 2>&1; then
+if [ -z "$only_demo" ] && command -v rustup >/dev/null 2>&1; then
   for c in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$c" || rustup component add "$c"
   done
