@@ -9,6 +9,9 @@
 # make package-test - the .deb installed, used and purged on a clean Debian 12 root (as root), and the wheel in a venv without Rust
 
 CARGO ?= cargo
+# Rust installed by scripts/install-deps.sh during this very make (rustup, into ~/.cargo) is
+# found without a new shell.
+export PATH := $(HOME)/.cargo/bin:$(PATH)
 PLUGIN_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/release
 
 .PHONY: all deps build demo test check clean python-test capi capi-header capi-header-check install capi-test test-gst126 wheel wheel-test deb package-test

@@ -62,11 +62,17 @@ if ! command -v cargo >/dev/null 2>&1; then
   [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "Rust is not installed. Installing it with rustup (https://rustup.rs)..."
+  echo "Rust is not installed. Installing it with rustup (https://rustup.rs) into ~/.cargo..."
   command -v curl >/dev/null 2>&1 || $sudo apt-get install -y -qq curl ca-certificates
-  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal
-  echo "Rust installed: open a new shell (or run: . \$HOME/.cargo/env) and run make again."
-  exit 1
+  # rustup-init itself, for this machine's architecture (what sh.rustup.rs downloads too).
+  init=$(mktemp)
+  curl --proto '=https' --tlsv1.2 -sSf -o "$init" \
+    "https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init"
+  chmod +x "$init"
+  "$init" -y --profile minimal >/dev/null
+  rm -f "$init"
+  export PATH="$HOME/.cargo/bin:$PATH"
+  echo "Rust installed: make finds it in ~/.cargo/bin; for your own shells: . \$HOME/.cargo/env"
 fi
 if [ -z "$only_demo" ] && command -v rustup >/dev/null 2>&1; then
   for c in rustfmt clippy; do
