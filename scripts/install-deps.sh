@@ -65,12 +65,13 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "Rust is not installed. Installing it with rustup (https://rustup.rs) into ~/.cargo..."
   command -v curl >/dev/null 2>&1 || $sudo apt-get install -y -qq curl ca-certificates
   # rustup-init itself, for this machine's architecture (what sh.rustup.rs downloads too).
-  init=$(mktemp)
+  # (Named rustup-init: rustup decides what to be by its file name.)
+  initdir=$(mktemp -d); init=$initdir/rustup-init
   curl --proto '=https' --tlsv1.2 -sSf -o "$init" \
     "https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init"
   chmod +x "$init"
   "$init" -y --profile minimal >/dev/null
-  rm -f "$init"
+  rm -rf "$initdir"
   export PATH="$HOME/.cargo/bin:$PATH"
   echo "Rust installed: make finds it in ~/.cargo/bin; for your own shells: . \$HOME/.cargo/env"
 fi
