@@ -21,7 +21,7 @@ if ! command -v debootstrap >/dev/null; then
   apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap
 fi
 if [ ! -x "$root/usr/bin/apt-get" ] || [ -d "$root/debootstrap" ]; then
-  rm -rf "$root"
+  rm -rf --one-file-system "$root"
   mirror=${GPUSHM_DEB_MIRROR:-$(apt-get indextargets --format '$(TARGET_OF) $(RELEASE) $(REPO_URI)' 2>/dev/null |
     awk '$1 == "deb" && $2 !~ /[-\/]/ {print $3; exit}')}
   [ -n "$mirror" ] || fail "no Debian mirror in this machine's apt sources: set GPUSHM_DEB_MIRROR"

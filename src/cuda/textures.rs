@@ -1,45 +1,29 @@
 // SPDX-License-Identifier: MPL-2.0
-//! What GStreamer's CUDA elements need to read a frame in place: they read planes as CUDA
-//! textures (cudaconvert, cudascale, the encoders' converters), whose addresses and strides
-//! must be aligned. gpushmsink lays device rings out so ([`device_ring_layout`]); gpushmsrc
-//! hands a device-ring frame to them without a copy only where its layout allows
-//! ([`wrappable`]), since a producer of the core API chooses its own.
+//! Which device-ring frames gpushmsrc may hand to GStreamer's CUDA elements in place, as a
+//! GstCudaMemory wrapping the ring's GPU memory ([`wrappable`]); the others are copied into
+//! CUDA memory of GStreamer's own.
+//!
+//! Two things decide it:
+//! - GStreamer's CUDA elements (cudaconvert, cudascale, the encoders' converters) read planes
+//!   as CUDA textures, whose addresses and strides must be aligned;
+//! - a wrapped GstCudaMemory describes its bytes by one pitch (its first plane's stride), one
+//!   row width (its first plane's visible bytes) and `size / pitch` rows. GStreamer copies it
+//!   that way: to the host when the CPU maps it, and into a new allocation of that row width
+//!   (`gst_memory_copy`, or a writable map of the read-only memory). Only a frame whose first
+//!   plane's rows have no padding (stride = visible bytes) and whose size is whole rows is
+//!   then one contiguous block that those copies take exactly, whatever the other planes'
+//!   strides; with padding they would skip bytes of other planes, or write past the copy.
 
 use gpushm::format::FrameGeometry;
 
-/// The stride alignment of frames in a device ring, as in GStreamer's own CUDA memory: a
-/// multiple of every NVIDIA GPU's texture alignment (512 bytes) and pitch alignment (32).
-pub const DEVICE_RING_STRIDE_ALIGN: u32 = 512;
-
-/// The layout of raw video frames in a device ring: every plane's stride a multiple of
-/// [`DEVICE_RING_STRIDE_ALIGN`], so that each plane starts at a multiple of it too. A frame
-/// takes a little more memory (a 1920-pixel NV12 row: 2048 bytes). `info` as it is where
-/// GStreamer cannot align it.
-pub fn device_ring_layout(info: &gst_video::VideoInfo) -> gst_video::VideoInfo {
-    let mut aligned = info.clone();
-    let mut a = gst_video::VideoAlignment::new(
-        0,
-        0,
-        0,
-        0,
-        &[DEVICE_RING_STRIDE_ALIGN - 1; gst_video::VIDEO_MAX_PLANES],
-    );
-    match aligned.align(&mut a) {
-        Ok(()) => aligned,
-        Err(_) => info.clone(),
-    }
-}
-
-/// Whether a frame of `geometry` at device address `src` can be read in place as textures on
-/// `dev`: each plane's address a multiple of its texture alignment and each stride of its
-/// pitch alignment, and the frame whole rows of the first stride (a wrapped GstCudaMemory
-/// copies `size / stride` rows when the CPU maps it). Why not, otherwise.
+/// Whether a frame of `geometry` at device address `src` can go out wrapped on `dev`; why
+/// not, otherwise.
 pub fn wrappable(
     geometry: &FrameGeometry,
     src: u64,
     dev: &gpushm::cuda::Device,
 ) -> Result<(), String> {
-    aligned_for_textures(
+    wrappable_with(
         geometry,
         src,
         dev.texture_alignment,
@@ -47,16 +31,27 @@ pub fn wrappable(
     )
 }
 
-fn aligned_for_textures(
+/// [`wrappable`], for a GPU whose plane addresses must be multiples of `align` bytes and
+/// strides of `pitch_align`.
+fn wrappable_with(
     geometry: &FrameGeometry,
     src: u64,
     align: u64,
     pitch_align: u64,
 ) -> Result<(), String> {
-    let stride0 = geometry.planes.first().map_or(0, |p| p.stride as u64);
-    if stride0 == 0 || !geometry.size.is_multiple_of(stride0) {
+    let Some(first) = geometry.planes.first() else {
+        return Err("the frame has no planes".into());
+    };
+    let stride0 = first.stride as u64;
+    if stride0 == 0 || stride0 != first.row_bytes as u64 {
         return Err(format!(
-            "the frame's {} bytes are not whole rows of {stride0}",
+            "its rows are padded (stride {stride0} for {} visible bytes)",
+            first.row_bytes
+        ));
+    }
+    if !geometry.size.is_multiple_of(stride0) {
+        return Err(format!(
+            "its {} bytes are not whole rows of {stride0}",
             geometry.size
         ));
     }
@@ -77,7 +72,8 @@ fn aligned_for_textures(
 mod tests {
     use super::*;
 
-    /// The geometry gpushmsink publishes for frames of `info` (as a consumer reads it).
+    /// The geometry gpushmsink publishes for frames laid out as `info` (as a consumer reads
+    /// it).
     fn geometry(info: &gst_video::VideoInfo) -> FrameGeometry {
         let mut meta = crate::gpushmsink::frame_template_for_tests(info);
         meta.payload_size = info.size() as _;
@@ -85,44 +81,45 @@ mod tests {
         FrameGeometry::of_frame(&meta, &caps).unwrap()
     }
 
+    fn info(format: gst_video::VideoFormat, w: u32, h: u32) -> gst_video::VideoInfo {
+        gst_video::VideoInfo::builder(format, w, h).build().unwrap()
+    }
+
     #[test]
-    fn device_ring_frames_are_laid_out_for_textures_and_others_are_refused() {
+    fn common_frames_go_out_wrapped_and_padded_or_unaligned_ones_are_copied() {
         gst::init().unwrap();
         // A slot's device address (slots are page-aligned).
         let slot = 0x7f12_3456_0000u64;
+        use gst_video::VideoFormat::*;
+        // GStreamer's own layouts of the usual sizes: planes aligned, rows unpadded.
         for (format, w, h) in [
-            (gst_video::VideoFormat::Nv12, 200, 120),
-            (gst_video::VideoFormat::Nv12, 1920, 1080),
-            (gst_video::VideoFormat::I420, 1280, 720),
-            (gst_video::VideoFormat::I420, 202, 100),
-            (gst_video::VideoFormat::Bgrx, 100, 50),
-            (gst_video::VideoFormat::P01010le, 3840, 2160),
+            (Nv12, 320, 240),
+            (Nv12, 1920, 1080),
+            (Nv12, 3840, 2160),
+            (I420, 1280, 720),
+            (Bgrx, 1920, 1080),
+            (P01010le, 3840, 2160),
         ] {
-            let info = gst_video::VideoInfo::builder(format, w, h).build().unwrap();
-            let laid_out = device_ring_layout(&info);
-            let g = geometry(&laid_out);
+            let g = geometry(&info(format, w, h));
             assert_eq!(
-                aligned_for_textures(&g, slot, 512, 32),
+                wrappable_with(&g, slot, 512, 32),
                 Ok(()),
-                "{format:?} {w}x{h}: {g:?}"
+                "{format:?} {w}x{h}"
             );
-            assert!(laid_out.size() >= info.size());
-            for p in 0..info.n_planes() as usize {
-                assert_eq!(
-                    laid_out.stride()[p] % 512,
-                    0,
-                    "{format:?} {w}x{h} plane {p}"
-                );
-            }
         }
-        // GStreamer's default layout of 200x120 NV12 (stride 200) is not; nor a slot address
-        // off the texture alignment.
-        let info = gst_video::VideoInfo::builder(gst_video::VideoFormat::Nv12, 200, 120)
-            .build()
-            .unwrap();
-        let err = aligned_for_textures(&geometry(&info), slot, 512, 32).unwrap_err();
+        // A stride that is no multiple of the pitch alignment (200), a plane off the texture
+        // alignment (I420 1080p's V plane at 2592000), a slot off it.
+        let err = wrappable_with(&geometry(&info(Nv12, 200, 120)), slot, 512, 32).unwrap_err();
         assert!(err.contains("plane 0 (offset 0, stride 200)"), "{err}");
-        let g = geometry(&device_ring_layout(&info));
-        assert!(aligned_for_textures(&g, slot + 256, 512, 32).is_err());
+        let err = wrappable_with(&geometry(&info(I420, 1920, 1080)), slot, 512, 32).unwrap_err();
+        assert!(err.contains("plane 2"), "{err}");
+        assert!(wrappable_with(&geometry(&info(Nv12, 320, 240)), slot + 256, 512, 32).is_err());
+        // Padded rows (a pool's 512-byte strides): GStreamer would copy them wrongly.
+        let mut padded = info(Nv12, 1280, 720);
+        let mut a = gst_video::VideoAlignment::new(0, 0, 0, 0, &[511; gst_video::VIDEO_MAX_PLANES]);
+        padded.align(&mut a).unwrap();
+        assert_eq!(padded.stride()[0], 1536);
+        let err = wrappable_with(&geometry(&padded), slot, 512, 32).unwrap_err();
+        assert!(err.contains("rows are padded"), "{err}");
     }
 }

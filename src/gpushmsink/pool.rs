@@ -275,12 +275,7 @@ mod imp {
             st.video_info = caps
                 .as_ref()
                 .filter(|c| c.structure(0).is_some_and(|s| s.name() == "video/x-raw"))
-                .and_then(|c| gst_video::VideoInfo::from_caps(c).ok())
-                .map(|i| match ring.device() {
-                    // The ring's own layout (gpushmsink lays device rings out so).
-                    Some(_) => crate::cuda::textures::device_ring_layout(&i),
-                    None => i,
-                });
+                .and_then(|c| gst_video::VideoInfo::from_caps(c).ok());
             let cuda_id = st.cuda_on_request;
             drop(st);
             if let Some(id) =

@@ -67,7 +67,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecUInt::builder("wait-for-clients")
             .nick("Consumers to wait for")
-            .blurb("How many consumers wait-for-connection waits for before the first buffer: a recorder, a viewer and an inference process started with the producer then all get the stream from its first frame")
+            .blurb("How many consumers wait-for-connection waits for before the first buffer: a recorder, a viewer and an inference process started with the producer then all get the stream from its first frame. After it, wait-for-connection waits for one, as with 1")
             .minimum(1)
             .maximum(1024)
             .default_value(DEFAULT_WAIT_FOR_CLIENTS)

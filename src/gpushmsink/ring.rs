@@ -69,11 +69,6 @@ impl GpuShmSink {
             },
             RingPlacement::Host | RingPlacement::Auto => None,
         };
-        // Frames in GPU memory are laid out for CUDA textures, as GStreamer's CUDA memory is.
-        let info = match &ring_device {
-            Some(_) => info.map(|i| crate::cuda::textures::device_ring_layout(&i)),
-            None => info,
-        };
         let slot_size = match slot_size_for(info.as_ref(), min_slot, max_buffer) {
             Ok(n) => n,
             Err(msg) => {

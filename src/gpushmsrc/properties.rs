@@ -131,7 +131,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecUInt64::builder("frames-cuda-copied")
             .nick("Frames copied into CUDA memory")
-            .blurb("Device-ring frames copied on the GPU into a CUDA buffer pool for a downstream that asks for memory:CUDAMemory: always before GStreamer 1.24, which cannot wrap memory it did not allocate; on newer runtimes only for frames whose planes are not aligned for CUDA textures (a warning says why, once)")
+            .blurb("Device-ring frames copied on the GPU into a CUDA buffer pool for a downstream that asks for memory:CUDAMemory: always before GStreamer 1.24, which cannot wrap memory it did not allocate; on newer runtimes only for frames whose planes are not aligned for CUDA textures or whose rows are padded (a warning says why, once), and frames downstream would hold past the budget")
             .read_only()
             .build(),
         glib::ParamSpecUInt64::builder("frames-skipped")

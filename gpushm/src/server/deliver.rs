@@ -46,8 +46,10 @@ struct Waited {
 
 impl<P: Send + 'static> Server<P> {
     /// Publishes the frame in `slot` of ring `ring_gen` to every client, following `policy`
-    /// (see the module's documentation). With `wait_for_clients` > 0 it first waits until
-    /// that many clients are connected. A slot that cannot be published (not in the current ring, or
+    /// (see the module's documentation). With `wait_for_clients` > 0 it first waits until a
+    /// client is connected, and before the stream's first frame until `wait_for_clients` are:
+    /// consumers started with the producer all get its first frame, and one leaving later
+    /// does not hold the others up. A slot that cannot be published (not in the current ring, or
     /// still held by consumers) is [`Published::SlotBusy`]: the caller publishes a copy.
     pub fn publish_frame(
         &self,
@@ -58,6 +60,10 @@ impl<P: Send + 'static> Server<P> {
         wait_for_clients: usize,
     ) -> Result<Published> {
         let mut guard = self.lock();
+        let wait_for_clients = match guard.stream.next_seq {
+            1 => wait_for_clients,
+            _ => wait_for_clients.min(1),
+        };
         if guard.clients.open_count() < wait_for_clients {
             while guard.clients.open_count() < wait_for_clients
                 && !guard.unlocked

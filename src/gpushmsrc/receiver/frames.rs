@@ -772,7 +772,7 @@ impl Worker {
                 el,
                 gst::ResourceError::Settings,
                 ("Device-ring frames are copied into CUDA memory: {}", why),
-                ["Frames whose planes start at multiples of the GPU's texture alignment, with strides of its pitch alignment, go out without a copy"]
+                ["Frames whose planes start at multiples of the GPU's texture alignment, with strides of its pitch alignment and unpadded rows, go out without a copy"]
             );
         }
     }
