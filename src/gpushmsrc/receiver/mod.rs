@@ -836,6 +836,7 @@ struct Worker {
     caps_seen: Option<Arc<str>>,
 }
 
+mod cuda_out;
 mod frames;
 mod link;
 mod queue;
