@@ -29,14 +29,14 @@ impl Worker {
             .device_ptr()
             .ok_or("the frame lies outside its ring's GPU memory")?;
         let geometry = frame.layout()?;
-        let wrappable = out
-            .wrap
-            .clone()
-            .and_then(|()| crate::cuda::textures::wrappable(&geometry, src, mem.device()))
-            .and_then(|()| match held {
-                Some(_) => Err(String::new()),
-                None => Ok(()),
-            });
+        // Err: copied, with the reason to say once (`None`: said elsewhere: GStreamer before
+        // 1.24 at negotiation, a downstream holding its budget by warn_copy below).
+        let wrappable = match (&out.wrap, held) {
+            (Err(_), _) | (Ok(()), Some(_)) => Err(None),
+            (Ok(()), None) => {
+                crate::cuda::textures::wrappable(&geometry, src, mem.device()).map_err(Some)
+            }
+        };
         let keep = Box::new(NotifyOnRelease {
             lease: Some(frame.lease),
             shared: Arc::downgrade(&self.shared),
@@ -65,7 +65,7 @@ impl Worker {
                 }
             }
             Err(why) => {
-                if out.wrap.is_ok() && held.is_none() {
+                if let Some(why) = why {
                     self.say_cuda_copy(&why);
                 }
                 keep
