@@ -130,6 +130,58 @@ fn wait_for_clients_gives_every_consumer_started_with_the_producer_the_first_fra
     }
 }
 
+/// `wait-for-connection` on a live producer: a consumer that connected before the first frame
+/// (the producer was still starting) and then takes no frame for a while (stopped here for
+/// 1.3 s around the first frame; a consumer mapping a device ring spends hundreds of ms
+/// creating its CUDA context) still gets every frame, although the live stream's max-wait is
+/// 40 ms. (It lost the first ones before: a consumer connected before the first frame was not
+/// waited for as one the producer waited for is, and once the producer had fallen 200 ms
+/// behind, neither was.)
+#[test]
+fn wait_for_connection_waits_for_a_consumer_still_setting_up_at_the_first_frame() {
+    let dir = tmpdir();
+    let sock = dir.path().join("early.sock");
+    let mut producer = example("pattern_producer");
+    producer.args([
+        "--socket",
+        sock.to_str().unwrap(),
+        "--fps",
+        "30",
+        "--pace",
+        "--wait",
+    ]);
+    // The first frame is due 1.5 s after the producer starts: the consumer is there before.
+    producer.args([
+        "--width",
+        "320",
+        "--height",
+        "240",
+        "--schedule",
+        "p1500,30x45",
+    ]);
+    let producer = Proc::spawn(producer, "pattern_producer");
+    wait_for_path(&sock, Duration::from_secs(10));
+    let mut c = example("frame_checker");
+    c.args(["--socket", sock.to_str().unwrap(), "--verify", "--lossless"]);
+    let consumer = Proc::spawn(c, "frame_checker");
+    std::thread::sleep(Duration::from_millis(700));
+    let pid = nix::unistd::Pid::from_raw(consumer.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(1300));
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).unwrap();
+    let (cs, cout) = consumer.finish(Duration::from_secs(60));
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(ps.success(), "producer failed:\n{}", pout.join("\n"));
+    assert!(cs.success(), "consumer failed:\n{}", cout.join("\n"));
+    let f = fields(&cout, "SUMMARY ");
+    assert_eq!(
+        (num(&f, "frames"), num(&f, "first"), num(&f, "bad")),
+        (45.0, 0.0, 0.0),
+        "{}",
+        cout.join("\n")
+    );
+}
+
 #[test]
 fn nv12_1080p_500_frames_between_processes() {
     pattern_run(1920, 1080, 500);

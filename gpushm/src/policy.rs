@@ -97,13 +97,15 @@ pub const LIVE_HOLD_PERCENT: u32 = 10;
 pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 
 /// The first consumers of a `wait-for-connection` producer (those connected when its wait
-/// ended) get the backlog it delivers next (what its live source made while it waited, see
+/// ended, or before its first frame) get the backlog it delivers next (what its live source made while it waited, see
 /// [`crate::time::is_backlog`]) whatever their mode: they are waited for as lossless ones
 /// are, up to this long for each frame (a producer delivering a backlog is behind real time
 /// already), until frames have come on time and each was taken before the next for
 /// [`BACKLOG_SETTLE`]. A consumer that takes the frames slower than they
 /// come, so that the producer falls [`BACKLOG_GROWTH`] further behind than the wait left it,
-/// is under real pressure: from then on each is served as its mode says.
+/// is under real pressure: from then on each is served as its mode says. That growth counts
+/// from when each has taken its first frame: a consumer still setting up is waited for up to
+/// this long a frame.
 pub const BACKLOG_MAX_WAIT: Duration = Duration::from_secs(1);
 /// See [`BACKLOG_MAX_WAIT`].
 pub const BACKLOG_GROWTH: Duration = Duration::from_millis(200);

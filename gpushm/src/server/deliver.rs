@@ -60,11 +60,17 @@ impl<P: Send + 'static> Server<P> {
         wait_for_clients: usize,
     ) -> Result<Published> {
         let mut guard = self.lock();
-        let wait_for_clients = match guard.stream.next_seq {
-            1 => wait_for_clients,
-            _ => wait_for_clients.min(1),
+        let first_frame = guard.stream.next_seq == 1;
+        let wait_for_clients = match first_frame {
+            true => wait_for_clients,
+            false => wait_for_clients.min(1),
         };
-        if guard.clients.open_count() < wait_for_clients {
+        // The consumers a wait-for-connection producer starts with get its backlog whole,
+        // whether they came before its first frame or it waited for them: one that connected
+        // first may still be setting up (mapping a device ring creates its CUDA context, a
+        // few hundred ms) while a live source's frames come.
+        let backlog = wait_for_clients > 0 && first_frame;
+        if backlog || guard.clients.open_count() < wait_for_clients {
             while guard.clients.open_count() < wait_for_clients
                 && !guard.unlocked
                 && !guard.shutdown
@@ -415,10 +421,20 @@ fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
         return false;
     }
     let late = crate::time::lateness(meta, crate::monotonic_ns()).unwrap_or(0);
-    let limit = *inner
-        .stream
-        .backlog_limit
-        .get_or_insert(late.saturating_add(BACKLOG_GROWTH.as_nanos() as i128));
+    // A first consumer that has taken no frame yet is still setting up (one mapping a device
+    // ring creates its CUDA context: hundreds of ms): how late the frames it makes wait get
+    // is no pressure, and the limit counts from when every one has started. One that never
+    // starts is lagging after a whole BACKLOG_MAX_WAIT, and no longer counted.
+    let setting_up = inner
+        .clients
+        .iter_mut()
+        .filter(|c| c.first_of_wait && !c.closed && !c.lagging)
+        .any(|c| c.ch.sync_taken().is_ok() && c.ch.taken() == 0);
+    let growth = late.saturating_add(BACKLOG_GROWTH.as_nanos() as i128);
+    let limit = match setting_up {
+        true => *inner.stream.backlog_limit.insert(growth),
+        false => *inner.stream.backlog_limit.get_or_insert(growth),
+    };
     if late > limit {
         // Held further behind than the wait left it: real pressure, not a backlog.
         for c in inner.clients.iter_mut() {
