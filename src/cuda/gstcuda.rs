@@ -20,13 +20,25 @@ use once_cell::sync::OnceCell;
 pub const MAP_CUDA: gst::ffi::GstMapFlags = gst::ffi::GST_MAP_FLAG_LAST << 1;
 
 /// Maps `buffer` (a GstCudaMemory, or gpushm's device-slot memory) to its device address and
-/// runs `f` with that address and the mapped size; unmaps after. `None` when it cannot be
-/// mapped on the GPU (a buffer in system memory, or read-only asked for `write`).
+/// runs `f` with that address, the mapped size and the memory's CUDA stream; unmaps after.
+/// `None` when it cannot be mapped on the GPU (a buffer in system memory, or read-only asked
+/// for `write`).
+///
+/// The stream (GStreamer 1.24+, null before and for memory without one) is the one the
+/// memory's owner orders its work on: its writes may still be running there (1.24+ elements
+/// push frames without waiting for them, `GST_CUDA_MEMORY_TRANSFER_NEED_SYNC`), so a copy
+/// queued on that stream sees them, as GStreamer's own elements do. Null means the memory is
+/// ready (1.22's elements synchronize before they push).
 pub fn with_device_map<R>(
     buffer: &gst::BufferRef,
     write: bool,
-    f: impl FnOnce(u64, u64) -> R,
+    f: impl FnOnce(u64, u64, u64) -> R,
 ) -> Option<R> {
+    let stream = if buffer.n_memory() == 1 {
+        memory_stream(buffer.peek_memory(0))
+    } else {
+        0
+    };
     let flags = MAP_CUDA
         | if write {
             gst::ffi::GST_MAP_WRITE
@@ -44,7 +56,7 @@ pub fn with_device_map<R>(
             return None;
         }
         let mut map = map.assume_init();
-        let r = f(map.data as u64, map.size as u64);
+        let r = f(map.data as u64, map.size as u64, stream);
         gst::ffi::gst_buffer_unmap(buffer.as_mut_ptr(), &mut map);
         Some(r)
     }
@@ -81,8 +93,20 @@ struct Fns {
     is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
     context_new_wrapped: unsafe extern "C" fn(*mut std::ffi::c_void, c_int) -> Ctx,
     context_new_cuda_context: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstContext,
+    context_push: unsafe extern "C" fn(Ctx) -> glib::ffi::gboolean,
+    context_pop: unsafe extern "C" fn(*mut *mut std::ffi::c_void) -> glib::ffi::gboolean,
     /// `gst_cuda_allocator_alloc_wrapped` (GStreamer 1.24+); `None` before.
     alloc_wrapped: Option<AllocWrapped>,
+    /// `gst_cuda_memory_get_stream` and `gst_cuda_stream_get_handle` (1.24+); `None` before.
+    stream_of: Option<StreamOf>,
+}
+
+/// `GstCudaStream *gst_cuda_memory_get_stream (GstCudaMemory *)` and
+/// `CUstream gst_cuda_stream_get_handle (GstCudaStream *)`.
+#[derive(Clone, Copy)]
+struct StreamOf {
+    memory_get_stream: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> *mut std::ffi::c_void,
+    stream_get_handle: unsafe extern "C" fn(*mut std::ffi::c_void) -> *mut std::ffi::c_void,
 }
 
 /// `GstMemory *gst_cuda_allocator_alloc_wrapped (GstCudaAllocator *, GstCudaContext *,
@@ -122,10 +146,20 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
             is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
             context_new_wrapped: *lib.get(b"gst_cuda_context_new_wrapped\0")?,
             context_new_cuda_context: *lib.get(b"gst_context_new_cuda_context\0")?,
+            context_push: *lib.get(b"gst_cuda_context_push\0")?,
+            context_pop: *lib.get(b"gst_cuda_context_pop\0")?,
             alloc_wrapped: lib
                 .get::<AllocWrapped>(b"gst_cuda_allocator_alloc_wrapped\0")
                 .ok()
                 .map(|f| *f),
+            stream_of: lib
+                .get(b"gst_cuda_memory_get_stream\0")
+                .and_then(|m| Ok((*m, *lib.get(b"gst_cuda_stream_get_handle\0")?)))
+                .ok()
+                .map(|(memory_get_stream, stream_get_handle)| StreamOf {
+                    memory_get_stream,
+                    stream_get_handle,
+                }),
         })
     }
 }
@@ -322,6 +356,27 @@ pub fn is_cuda_memory(mem: &gst::MemoryRef) -> bool {
     })
 }
 
+/// The CUstream `mem` (a GstCudaMemory) orders its work on; 0 for none (GStreamer before
+/// 1.24, memory of another kind, or a memory without a stream).
+fn memory_stream(mem: &gst::MemoryRef) -> u64 {
+    let Some(s) = lib().ok().and_then(|l| l.f.stream_of) else {
+        return 0;
+    };
+    if !is_cuda_memory(mem) {
+        return 0;
+    }
+    // SAFETY: a live GstCudaMemory; the stream is borrowed (transfer none) and lives as long
+    // as the memory, which the caller holds across its use.
+    unsafe {
+        let stream = (s.memory_get_stream)(mem.as_mut_ptr());
+        if stream.is_null() {
+            0
+        } else {
+            (s.stream_get_handle)(stream) as u64
+        }
+    }
+}
+
 /// Whether GStreamer's CUDA library here wraps device memory it did not allocate
 /// (`gst_cuda_allocator_alloc_wrapped`, GStreamer 1.24+): device-ring frames then go out in
 /// CUDA memory without a copy. The reason otherwise.
@@ -340,20 +395,34 @@ pub fn can_wrap() -> Result<(), String> {
 /// are the frame's), in a read-only GstCudaMemory of `ctx`, without copying. `keep` is dropped
 /// when GStreamer frees the memory (and its shares): it keeps `dev_ptr` valid until then.
 /// `keep` comes back when the memory cannot be made (GStreamer before 1.24, or a refusal).
+///
+/// Before `keep` goes, the GPU work queued in `ctx` is waited for: GStreamer's CUDA elements
+/// let go of an input buffer as soon as they have queued the kernels that read it (cudaconvert
+/// on its output's stream), and the frame must not go back to the producer, which may
+/// overwrite it, while one of them still reads.
 pub fn wrap_device_memory<K: Send + 'static>(
     ctx: &Context,
     info: &gst_video::ffi::GstVideoInfo,
     dev_ptr: u64,
     keep: Box<K>,
 ) -> Result<gst::Memory, Box<K>> {
+    struct Kept<K> {
+        ctx: Context,
+        keep: Box<K>,
+    }
     unsafe extern "C" fn destroy<K>(data: glib::ffi::gpointer) {
         // SAFETY: `data` is the Box leaked below, given back exactly once by GStreamer.
-        drop(unsafe { Box::from_raw(data as *mut K) });
+        let kept = unsafe { Box::from_raw(data as *mut Kept<K>) };
+        finish_queued_work(&kept.ctx);
+        drop(kept);
     }
     let Some(f) = lib().ok().and_then(|l| l.f.alloc_wrapped) else {
         return Err(keep);
     };
-    let data = Box::into_raw(keep);
+    let data = Box::into_raw(Box::new(Kept {
+        ctx: ctx.clone(),
+        keep,
+    }));
     // SAFETY: a live context and info; `dev_ptr` stays valid while `keep` lives, which
     // GStreamer drops only when it frees the memory (it calls `destroy` then, and never
     // frees `dev_ptr` itself when a notify is given).
@@ -370,7 +439,7 @@ pub fn wrap_device_memory<K: Send + 'static>(
     };
     if mem.is_null() {
         // SAFETY: GStreamer refused before taking `data`: it is still ours.
-        return Err(unsafe { Box::from_raw(data) });
+        return Err(unsafe { Box::from_raw(data) }.keep);
     }
     // SAFETY: a new memory we hold the only reference to. Read-only: the frame is shared
     // with every consumer (and the ring is mapped read-only on the GPU), so a writable map
@@ -378,6 +447,22 @@ pub fn wrap_device_memory<K: Send + 'static>(
     unsafe {
         (*mem).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY;
         Ok(from_glib_full(mem))
+    }
+}
+
+/// Waits for the work queued on every stream of `ctx` (kernels that may still read a
+/// frame whose memory is being freed). A failure leaves nothing to wait for: the context is
+/// gone or broken, and with it the work.
+fn finish_queued_work(ctx: &Context) {
+    let Ok(l) = lib() else { return };
+    // SAFETY: a live context, pushed on this thread and popped after; cuCtxSynchronize is a
+    // plain driver call on it (libcuda is loaded: the context exists).
+    unsafe {
+        if (l.f.context_push)(ctx.as_ptr()) == glib::ffi::GFALSE {
+            return;
+        }
+        cudarc::driver::sys::cuCtxSynchronize();
+        (l.f.context_pop)(std::ptr::null_mut());
     }
 }
 

@@ -55,8 +55,8 @@ impl GpuShmSink {
                 rows: rows as u64,
             });
         }
-        crate::cuda::gstcuda::with_device_map(buffer, false, |src, len| {
-            mem.copy_planes_from_device(dst, src, len, &planes)
+        crate::cuda::gstcuda::with_device_map(buffer, false, |src, len, stream| {
+            mem.copy_planes_from_device(dst, src, len, &planes, stream)
         })
         .ok_or_else(|| fail("Could not map a buffer in CUDA memory".into()))?
         .map_err(|e| fail(format!("Copying a frame from CUDA memory failed: {e}")))?;

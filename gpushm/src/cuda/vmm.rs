@@ -19,6 +19,10 @@ use cudarc::driver::sys;
 
 use super::{device, driver, CudaError, Device, Result};
 
+/// `CU_STREAM_PER_THREAD` (cuda.h): the calling thread's default stream, which does not
+/// wait for the context's other streams as the legacy default stream (0) does.
+const CU_STREAM_PER_THREAD: sys::CUstream = 0x2 as sys::CUstream;
+
 fn check(what: &str, r: sys::CUresult) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         Ok(())
@@ -363,10 +367,18 @@ impl Plane2d {
     }
 }
 
+/// The other side of a copy: memory of another element (an address of it) and the CUstream
+/// its owner orders its work on (0 for none).
+struct Foreign {
+    at: u64,
+    stream: u64,
+}
+
 impl DeviceMemory {
     /// Copies the planes of a frame at device address `src` (`src_len` bytes: another
     /// element's CUDA memory, in whatever context of this GPU owns it) to `dst` inside this
-    /// allocation, on the GPU. Every plane is checked to lie inside both. Complete when this
+    /// allocation, on the GPU, queued on `stream` (the source's CUstream, 0 for none: see
+    /// [`Self::copy_planes`]). Every plane is checked to lie inside both. Complete when this
     /// returns.
     pub fn copy_planes_from_device(
         &self,
@@ -374,6 +386,7 @@ impl DeviceMemory {
         src: u64,
         src_len: u64,
         planes: &[Plane2d],
+        stream: u64,
     ) -> Result<()> {
         if self.read_only {
             return Err(CudaError(format!("{self:?} cannot be written")));
@@ -383,27 +396,29 @@ impl DeviceMemory {
             (src, src_len),
             dst,
             (self.ptr, self.len as u64),
-            src,
+            Foreign { at: src, stream },
             planes,
         )
     }
 
     /// Copies the planes of a frame at `src` inside this allocation to device address `dst`
     /// (`dst_len` bytes: another element's CUDA memory, a GStreamer CUDA buffer pool's), on
-    /// the GPU. Every plane is checked to lie inside both. Complete when this returns.
+    /// the GPU, queued on `stream` (the destination's CUstream, 0 for none). Every plane is
+    /// checked to lie inside both. Complete when this returns.
     pub fn copy_planes_to_device(
         &self,
         src: u64,
         dst: u64,
         dst_len: u64,
         planes: &[Plane2d],
+        stream: u64,
     ) -> Result<()> {
         self.copy_planes(
             src,
             (self.ptr, self.len as u64),
             dst,
             (dst, dst_len),
-            dst,
+            Foreign { at: dst, stream },
             planes,
         )
     }
@@ -412,13 +427,23 @@ impl DeviceMemory {
     /// context that owns `foreign` (GStreamer's CUDA elements make their own). This
     /// allocation is mapped for the whole device (cuMemSetAccess), so every context on it
     /// reaches it.
+    ///
+    /// The copy is queued on `stream`, the foreign memory's own stream (GStreamer 1.24+), so
+    /// it is ordered after the work its owner queued there (a decoder's copy out of its
+    /// surface, which it does not wait for); with none (0) the memory is ready, and the copy
+    /// goes on this thread's default stream. Only that stream is waited for: waiting for the
+    /// whole context (cuCtxSynchronize) or using the legacy default stream would also wait for
+    /// the frames a decoder sharing the context is working on next.
     fn copy_planes(
         &self,
         src: u64,
         src_region: (u64, u64),
         dst: u64,
         dst_region: (u64, u64),
-        foreign: u64,
+        Foreign {
+            at: foreign,
+            stream,
+        }: Foreign,
         planes: &[Plane2d],
     ) -> Result<()> {
         let inside = |base: u64, offset: u64, pitch: u64, p: &Plane2d, (start, len): (u64, u64)| {
@@ -452,13 +477,19 @@ impl DeviceMemory {
             }
         }
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the driver checks `foreign`.
+        // The context the foreign memory's stream belongs to (the memory's own), else the
+        // one that owns its address.
+        // SAFETY: valid out-pointers; the driver checks `stream` and `foreign`.
         let r = unsafe {
-            sys::cuPointerGetAttribute(
-                &mut ctx as *mut sys::CUcontext as *mut c_void,
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
-                foreign,
-            )
+            if stream != 0 {
+                sys::cuStreamGetCtx(stream as sys::CUstream, &mut ctx)
+            } else {
+                sys::cuPointerGetAttribute(
+                    &mut ctx as *mut sys::CUcontext as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+                    foreign,
+                )
+            }
         };
         let pushed = r == sys::CUresult::CUDA_SUCCESS && !ctx.is_null();
         if pushed {
@@ -467,6 +498,11 @@ impl DeviceMemory {
         } else {
             self.device.ctx.bind_to_thread()?;
         }
+        let stream = if stream == 0 {
+            CU_STREAM_PER_THREAD
+        } else {
+            stream as sys::CUstream
+        };
         let copied = (|| {
             for p in planes {
                 // (Not zeroed: CUmemorytype has no zero value.)
@@ -488,11 +524,16 @@ impl DeviceMemory {
                     WidthInBytes: p.row_bytes as usize,
                     Height: p.rows as usize,
                 };
-                // SAFETY: both ranges checked above.
-                check("cuMemcpy2D", unsafe { sys::cuMemcpy2D_v2(&c) })?;
+                // SAFETY: both ranges checked above; `stream` is the foreign memory's (a
+                // stream of the context pushed above) or the per-thread default stream.
+                check("cuMemcpy2DAsync", unsafe {
+                    sys::cuMemcpy2DAsync_v2(&c, stream)
+                })?;
             }
-            // SAFETY: plain driver call.
-            check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+            // SAFETY: as above.
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(stream)
+            })
         })();
         if pushed {
             let mut old: sys::CUcontext = std::ptr::null_mut();

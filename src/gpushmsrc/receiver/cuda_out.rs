@@ -138,8 +138,8 @@ fn copy_to_cuda_pool(
             rows: p.rows as u64,
         })
         .collect();
-    crate::cuda::gstcuda::with_device_map(b, true, |dst, len| {
-        mem.copy_planes_to_device(src, dst, len, &planes)
+    crate::cuda::gstcuda::with_device_map(b, true, |dst, len, stream| {
+        mem.copy_planes_to_device(src, dst, len, &planes, stream)
     })
     .ok_or("cannot map the CUDA pool's buffer on the GPU")?
     .map_err(|e| e.to_string())?;
