@@ -8,6 +8,8 @@
 #   GST_LAUNCH=.gst126/gst-launch GST_INSPECT=.gst126/gst-inspect \
 #     GST_PLUGIN_PATH=DIR-WITH-libgstgpushm.so scripts/bench-cuda-ipc.sh
 #   scripts/bench-cuda-ipc.sh [WIDTH HEIGHT FRAMES]
+# BENCH_LOGS=DIR keeps every process's output there (DIR/N.p.log, DIR/N.c1.log, ...: N the
+# transport's row).
 # Prints a row per transport: frames each consumer got, the CPU seconds of the producer and
 # of each consumer (bash's `times`: user + system), and the GPU memory in use on the device
 # (nvidia-smi), its peak over the run minus what was in use before it.
@@ -49,6 +51,10 @@ chain() {
     frames+="$(grep -c 'last-message = chain' "$dir/c$i.log" || true) "
     cpu+="$(cat "$dir/c$i") "
   done
+  if [ -n "${BENCH_LOGS:-}" ]; then
+    mkdir -p "$BENCH_LOGS"; row=$((${row:-0} + 1))
+    for f in p c1 c2 c3; do cp "$dir/$f.log" "$BENCH_LOGS/$row.$f.log"; done
+  fi
   echo "$name | frames ${frames% } of $n | producer CPU $(cat "$dir/p") s | consumer CPU ${cpu% } s | GPU memory +$((peak - base)) MiB"
 }
 

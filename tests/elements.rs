@@ -73,6 +73,33 @@ fn error_of(pipeline: &gst::Element, timeout: Duration) -> String {
     }
 }
 
+/// `slots`: 0 (the default) gives a ring in host memory 8 slots (16 are for GPU memory,
+/// tests/gpu.rs); a count is taken as set, and 1, too few for a ring, gives 2.
+#[test]
+fn slots_auto_gives_a_host_ring_eight_and_a_count_is_taken_as_set() {
+    init();
+    let dir = tmpdir();
+    for (set, want) in [(None, 8), (Some(0u32), 8), (Some(5), 5), (Some(1), 2)] {
+        let sock = dir.path().join(format!("slots{want}.sock"));
+        let mut h = sink_harness_with(
+            &sock,
+            "video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1",
+            |e| {
+                if let Some(n) = set {
+                    e.set_property("slots", n);
+                }
+            },
+        );
+        assert_eq!(h.push(gray_frame(0, 64, 48)), Ok(gst::FlowSuccess::Ok));
+        let q = gpushm::subscriber::query(
+            &gpushm::names::Endpoint::Path(sock.clone()),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(q.report.slot_count, want, "slots={set:?}");
+    }
+}
+
 #[test]
 fn sink_without_socket_path_says_so() {
     init();

@@ -844,8 +844,8 @@ fn gpushmsrc_reads_a_sinks_device_ring_into_system_memory() {
 
 /// Runs `launch` (a producer ending in gpushmsink) until `consumer` (a pipeline with an
 /// `appsink name=out`) got its frames and the producer its EOS; checks on the way that the
-/// ring is in GPU memory (a consumer that did not ask for GPU memory is told so). Returns the
-/// consumer's frames.
+/// ring is in GPU memory (a consumer that did not ask for GPU memory is told so) and, where
+/// `launch` leaves `slots` auto, has 16 slots. Returns the consumer's frames.
 fn through_a_device_ring(
     launch: &str,
     sock: &std::path::Path,
@@ -882,6 +882,15 @@ fn through_a_device_ring(
         why.contains("GPU memory"),
         "the ring is not in GPU memory: {why}"
     );
+    if !launch.contains("slots=") {
+        // slots=0 (auto): a ring in GPU memory gets 16.
+        let q = gpushm::subscriber::query(
+            &gpushm::names::Endpoint::Path(sock.to_path_buf()),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(q.report.slot_count, 16, "a device ring's auto slot count");
+    }
     let (frames, msgs) = run(consumer);
     let end = producer.bus().unwrap().timed_pop_filtered(
         gst::ClockTime::from_seconds(30),

@@ -142,7 +142,7 @@ impl GpuShmSink {
                 true => s.wait_for_clients.max(1) as usize,
                 false => 0,
             };
-            (wait, policy(&s, live, duration))
+            (wait, policy(&s, ring.slot_count(), live, duration))
         };
         let gen = ring.ring_gen();
         // Metas travel beside the frame (the ring has no field for them).
@@ -262,8 +262,9 @@ impl GpuShmSink {
     }
 }
 
-/// The publishing policy for a frame of `frame_duration` in a stream that is `live` or not.
-fn policy(s: &Settings, live: bool, frame_duration: Option<gst::ClockTime>) -> Policy {
+/// The publishing policy for a frame of `frame_duration` in a stream that is `live` or not,
+/// in a ring of `slots` slots.
+fn policy(s: &Settings, slots: u32, live: bool, frame_duration: Option<gst::ClockTime>) -> Policy {
     let max_wait = match s.max_wait {
         // A live source drops frames for everyone while the producer waits: wait about
         // one frame for a stuck lossless consumer, not more.
@@ -280,9 +281,9 @@ fn policy(s: &Settings, live: bool, frame_duration: Option<gst::ClockTime>) -> P
     };
     Policy {
         budget: if s.client_budget == 0 {
-            (s.slots / 2).max(1)
+            (slots / 2).max(1)
         } else {
-            s.client_budget.min(s.slots)
+            s.client_budget.min(slots)
         } as usize,
         max_wait,
         spin: std::time::Duration::from_micros(s.spin_us as u64),

@@ -69,6 +69,7 @@ impl GpuShmSink {
             },
             RingPlacement::Host | RingPlacement::Auto => None,
         };
+        let slots = super::properties::auto_slots(slots, ring_device.is_some());
         let slot_size = match slot_size_for(info.as_ref(), min_slot, max_buffer) {
             Ok(n) => n,
             Err(msg) => {

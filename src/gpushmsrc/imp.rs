@@ -326,6 +326,19 @@ impl BaseSrcImpl for GpuShmSrc {
     }
 
     fn stop(&self) -> Result<(), gst::ErrorMessage> {
+        // What happened to the frames, for a log (GST_DEBUG=gpushmsrc:4) of a run that ended.
+        if let Some(s) = self.shared() {
+            let n = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+            gst::info!(
+                CAT,
+                imp = self,
+                "stopping: frames-dropped {}, frames-copied {}, frames-cuda-wrapped {}, frames-cuda-copied {}",
+                s.dropped(),
+                n(&s.copied),
+                n(&s.cuda_wrapped),
+                n(&s.cuda_copied)
+            );
+        }
         // Dropped outside the lock: stopping joins the receiver thread.
         let old = self.state().take();
         drop(old);
