@@ -182,6 +182,49 @@ fn wait_for_connection_waits_for_a_consumer_still_setting_up_at_the_first_frame(
     );
 }
 
+/// A lossless gpushmsrc of a producer that is not live, whose downstream keeps its last frame
+/// (fakesink, as most sinks) and whose budget keeps one frame zero-copy (4 slots): the frame
+/// it gets next can be zero-copy only once downstream has the one after. gpushmsrc used to
+/// wait 20 ms for downstream to hand one back before every other frame: 2000 small frames
+/// took 20 s and more. It now stops waiting once waiting does not help (for a second, then
+/// longer), and copies: a second or two here, 15 s is the wide margin.
+#[test]
+fn a_consumer_whose_sink_keeps_its_last_frame_is_not_held_up_every_other_frame() {
+    const FRAMES: u32 = 2000;
+    let dir = tmpdir();
+    let sock = dir.path().join("last.sock");
+    let producer = Proc::spawn(
+        gst_launch(&format!(
+            "videotestsrc num-buffers={FRAMES} ! video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1 \
+             ! gpushmsink socket-path={} slots=4 wait-for-connection=true sync=false",
+            sock.display()
+        )),
+        "producer",
+    );
+    wait_for_path(&sock, Duration::from_secs(10));
+    let t = Instant::now();
+    let (cs, cout) = Proc::spawn(
+        gst_launch(&format!(
+            "gpushmsrc socket-path={} mode=lossless num-buffers={FRAMES} ! fakesink sync=false",
+            sock.display()
+        )),
+        "consumer",
+    )
+    .finish(Duration::from_secs(90));
+    let took = t.elapsed();
+    let (ps, pout) = producer.finish(Duration::from_secs(30));
+    assert!(
+        cs.success() && ps.success(),
+        "{}\n{}",
+        cout.join("\n"),
+        pout.join("\n")
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "{FRAMES} frames took {took:?}"
+    );
+}
+
 #[test]
 fn nv12_1080p_500_frames_between_processes() {
     pattern_run(1920, 1080, 500);

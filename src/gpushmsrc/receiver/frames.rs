@@ -361,10 +361,12 @@ impl Worker {
                 copy = conn.should_copy();
             }
         }
-        if copy.is_some() && lossless && !m.live && !self.gave_up_waiting {
+        let may_wait = self
+            .no_wait_until
+            .is_none_or(|t| std::time::Instant::now() >= t);
+        if copy.is_some() && lossless && !m.live && may_wait {
             // Our queue is empty: downstream holds the frames. Give it a moment to hand one
-            // back. Downstream that keeps frames until it gets more (an encoder's lookahead)
-            // is not waited for again until it has handed frames back.
+            // back.
             let deadline = std::time::Instant::now() + NON_LIVE_WAIT;
             let mut q = self.shared.queue();
             while copy.is_some() && !q.stopping {
@@ -377,10 +379,18 @@ impl Worker {
                 copy = conn.should_copy();
             }
             drop(q);
-            self.gave_up_waiting = copy.is_some();
-        }
-        if copy.is_none() {
-            self.gave_up_waiting = false;
+            if copy.is_some() {
+                // Downstream keeps frames until it gets more: not waited for again for a
+                // while, longer each time waiting does not help.
+                self.futile_waits = (self.futile_waits + 1).min(6);
+                self.no_wait_until = Some(
+                    std::time::Instant::now()
+                        + NON_LIVE_WAIT_BACKOFF * (1 << (self.futile_waits - 1)),
+                );
+            } else {
+                self.futile_waits = 0;
+                self.no_wait_until = None;
+            }
         }
         // The buffer made ahead, unless the stream changed or the frame has no publish time.
         let publish_ts = clock_time(m.publish_ns);

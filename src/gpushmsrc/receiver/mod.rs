@@ -47,6 +47,13 @@ use gpushm::Error;
 /// a frame back before it copies instead.
 const NON_LIVE_WAIT: Duration = Duration::from_millis(20);
 
+/// After a [`NON_LIVE_WAIT`] that got no frame back, the receiver copies without waiting for
+/// this long, doubled after each further one in a row (up to 32 times): a downstream that
+/// keeps frames until it gets more (an encoder's lookahead, a sink keeping its last frame)
+/// hands one back only after the next frame, and waiting for it every other frame made a
+/// flat-out stream crawl (720p in a 4-slot ring to a fakesink: 95 frames a second).
+const NON_LIVE_WAIT_BACKOFF: Duration = Duration::from_secs(1);
+
 /// A zero-copy frame's lease inside its GstMemory: when downstream drops the buffer, the slot
 /// goes back and a receiver waiting for that (lossless, producer not live) wakes at once.
 struct NotifyOnRelease {
@@ -726,7 +733,8 @@ impl Receiver {
             discont: true,
             dropped_seen: 0,
             copy_warned: false,
-            gave_up_waiting: false,
+            futile_waits: 0,
+            no_wait_until: None,
             writable_refusal_warned: false,
             cuda_copy_said: false,
             ahead: None,
@@ -813,8 +821,10 @@ struct Worker {
     discont: bool,
     dropped_seen: u64,
     copy_warned: bool,
-    /// Waiting for downstream to hand frames back timed out (lossless, producer not live).
-    gave_up_waiting: bool,
+    /// Waiting for downstream to hand a frame back (lossless, producer not live) timed out
+    /// this many times in a row, and is not tried again before `no_wait_until`.
+    futile_waits: u32,
+    no_wait_until: Option<std::time::Instant>,
     writable_refusal_warned: bool,
     /// Why device-ring frames are copied into CUDA memory was said.
     cuda_copy_said: bool,
