@@ -9,6 +9,15 @@ use crate::plot::{plot, Row};
 use crate::procs::{have, run};
 use crate::tiny::tiny_frames;
 
+/// Whether unixfdsink copies buffers whose memory is not backed by a file descriptor (copy
+/// mode's buffers, from `identity drop-allocation=true`) into shared memory: GStreamer 1.28+
+/// (the `min-memory-size` property came with it); before, it errors out on them.
+fn unixfdsink_copies() -> bool {
+    gst::ElementFactory::make("unixfdsink")
+        .build()
+        .is_ok_and(|e| e.find_property("min-memory-size").is_some())
+}
+
 pub fn orchestrate(plot_path: &str) {
     let mut rows = Vec::new();
     let sizes = [
@@ -48,6 +57,12 @@ pub fn orchestrate(plot_path: &str) {
         for copy in [false, true] {
             let mode = if copy { "copy" } else { "pool" };
             for t in &transports {
+                if copy && *t == "unixfd" && !unixfdsink_copies() {
+                    println!(
+                        "| {name} | {mode} | unixfd | {own:.0} | n/a | n/a: unixfdsink before GStreamer 1.28 takes only memory backed by a file descriptor and stops the stream (\"Internal data stream error\") on any other; 1.28 copies it into shared memory (its `min-memory-size`) | | | | | |"
+                    );
+                    continue;
+                }
                 let tput = run(t, w, h, frames, 0, copy, false);
                 let lat = run(t, w, h, 90, 30, copy, false);
                 let delivered = f(&tput.consumer, "fps");
