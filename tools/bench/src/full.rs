@@ -2,6 +2,8 @@
 //! The full run (`bench`, no subcommand): throughput and latency tables for 720p, 1080p and
 //! 4K against shm (and unixfd), tiny frames, the plot and, with a GPU, the GPU mode.
 
+use gst::prelude::*;
+
 use crate::floor::floor;
 use crate::gpu::gpu_mode;
 use crate::measure::f;
