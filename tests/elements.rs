@@ -79,8 +79,11 @@ fn error_of(pipeline: &gst::Element, timeout: Duration) -> String {
 fn slots_auto_gives_a_host_ring_eight_and_a_count_is_taken_as_set() {
     init();
     let dir = tmpdir();
-    for (set, want) in [(None, 8), (Some(0u32), 8), (Some(5), 5), (Some(1), 2)] {
-        let sock = dir.path().join(format!("slots{want}.sock"));
+    for (i, (set, want)) in [(None, 8), (Some(0u32), 8), (Some(5), 5), (Some(1), 2)]
+        .into_iter()
+        .enumerate()
+    {
+        let sock = dir.path().join(format!("slots{i}.sock"));
         let mut h = sink_harness_with(
             &sock,
             "video/x-raw,format=GRAY8,width=64,height=48,framerate=30/1",

@@ -104,11 +104,16 @@ pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 /// [`BACKLOG_SETTLE`]. A consumer that takes the frames slower than they
 /// come, so that the producer falls [`BACKLOG_GROWTH`] further behind than the wait left it,
 /// is under real pressure: from then on each is served as its mode says. That growth counts
-/// from when each has taken its first frame: a consumer still setting up is waited for up to
-/// this long a frame.
+/// from when each has taken its first frame: a consumer still setting up (within
+/// [`BACKLOG_STARTUP_GRACE`] of the first frame) is waited for up to this long a frame.
 pub const BACKLOG_MAX_WAIT: Duration = Duration::from_secs(1);
 /// See [`BACKLOG_MAX_WAIT`].
 pub const BACKLOG_GROWTH: Duration = Duration::from_millis(200);
+/// How long after the stream's first frame a first consumer of a `wait-for-connection`
+/// producer that has taken no frame yet counts as setting up (see [`BACKLOG_MAX_WAIT`]): one
+/// that has not started by then is treated as any other, so a consumer that never takes a
+/// frame holds a live producer up once at its start, never longer.
+pub const BACKLOG_STARTUP_GRACE: Duration = Duration::from_secs(2);
 /// How long a first consumer of a `wait-for-connection` producer keeps up with frames on time
 /// before it is served as its mode says (see [`BACKLOG_MAX_WAIT`]). Longer than the latency
 /// a consumer answers for the late start (gpushmsrc: at most 1 s and a 10 ms step): a syncing

@@ -477,20 +477,25 @@ impl DeviceMemory {
             }
         }
         let mut ctx: sys::CUcontext = std::ptr::null_mut();
-        // The context the foreign memory's stream belongs to (the memory's own), else the
-        // one that owns its address.
-        // SAFETY: valid out-pointers; the driver checks `stream` and `foreign`.
-        let r = unsafe {
-            if stream != 0 {
-                sys::cuStreamGetCtx(stream as sys::CUstream, &mut ctx)
-            } else {
+        // The context the foreign memory's stream belongs to (the memory's own); failing
+        // that (or with no stream), the one that owns its address, and the per-thread stream.
+        let mut stream = stream;
+        // SAFETY: valid out-pointer; the driver checks `stream`.
+        let mut r = match stream {
+            0 => sys::CUresult::CUDA_ERROR_INVALID_VALUE,
+            s => unsafe { sys::cuStreamGetCtx(s as sys::CUstream, &mut ctx) },
+        };
+        if r != sys::CUresult::CUDA_SUCCESS || ctx.is_null() {
+            stream = 0;
+            // SAFETY: valid out-pointer; the driver checks `foreign`.
+            r = unsafe {
                 sys::cuPointerGetAttribute(
                     &mut ctx as *mut sys::CUcontext as *mut c_void,
                     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
                     foreign,
                 )
-            }
-        };
+            };
+        }
         let pushed = r == sys::CUresult::CUDA_SUCCESS && !ctx.is_null();
         if pushed {
             // SAFETY: a live context of this process (it owns `foreign`).
@@ -530,11 +535,15 @@ impl DeviceMemory {
                     sys::cuMemcpy2DAsync_v2(&c, stream)
                 })?;
             }
-            // SAFETY: as above.
-            check("cuStreamSynchronize", unsafe {
-                sys::cuStreamSynchronize(stream)
-            })
+            Ok(())
         })();
+        // Waited for whatever happened: planes queued before a failed one must be done
+        // before this returns (they write into memory its caller may reuse).
+        // SAFETY: as above.
+        let synced = check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(stream)
+        });
+        let copied = copied.and(synced);
         if pushed {
             let mut old: sys::CUcontext = std::ptr::null_mut();
             // SAFETY: pops what we pushed.

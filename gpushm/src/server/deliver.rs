@@ -15,8 +15,8 @@ use super::slots::{give_back, Back};
 use super::stats::Stats;
 use super::{fairness, Event, Inner, Published, Server};
 use crate::policy::{
-    zero_copy_limit, Policy, BACKLOG_GROWTH, BACKLOG_MAX_WAIT, BACKLOG_SETTLE, LEAKY_BACKLOG,
-    LIVE_HOLD_BURST, LIVE_HOLD_PERCENT,
+    zero_copy_limit, Policy, BACKLOG_GROWTH, BACKLOG_MAX_WAIT, BACKLOG_SETTLE,
+    BACKLOG_STARTUP_GRACE, LEAKY_BACKLOG, LIVE_HOLD_BURST, LIVE_HOLD_PERCENT,
 };
 use crate::ring::frame::{Entry, FrameMeta};
 use crate::ring::shm;
@@ -83,6 +83,9 @@ impl<P: Send + 'static> Server<P> {
                 c.on_time_since = None;
             }
             guard.stream.backlog_limit = None;
+        }
+        if first_frame {
+            guard.stream.first_frame_at.get_or_insert_with(Instant::now);
         }
         // Refused before any wait for lossless clients: the caller publishes a copy next, which
         // may wait once (a slot consumers hold is not released by waiting for them to take).
@@ -421,17 +424,26 @@ fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
         return false;
     }
     let late = crate::time::lateness(meta, crate::monotonic_ns()).unwrap_or(0);
-    // A first consumer that has taken no frame yet is still setting up (one mapping a device
-    // ring creates its CUDA context: hundreds of ms): how late the frames it makes wait get
-    // is no pressure, and the limit counts from when every one has started. One that never
-    // starts is lagging after a whole BACKLOG_MAX_WAIT, and no longer counted.
-    let setting_up = inner
-        .clients
-        .iter_mut()
-        .filter(|c| c.first_of_wait && !c.closed && !c.lagging)
-        .any(|c| c.ch.sync_taken().is_ok() && c.ch.taken() == 0);
+    // A first consumer that has taken no frame yet, within BACKLOG_STARTUP_GRACE of the
+    // first frame, is still setting up (one mapping a device ring creates its CUDA context:
+    // hundreds of ms): how late the frames it makes wait get is no pressure, and the limit
+    // counts from the first frame after every one has started. Not one that is lagging or
+    // has spent its hold credit (an `auto` consumer of a live stream): those are served as
+    // their mode says already.
+    let now = Instant::now();
+    let grace = inner
+        .stream
+        .first_frame_at
+        .is_some_and(|t| now.duration_since(t) < BACKLOG_STARTUP_GRACE);
+    let setting_up = grace
+        && inner
+            .clients
+            .iter_mut()
+            .filter(|c| c.first_of_wait && !c.closed && !c.lagging && !c.hold.spent)
+            .any(|c| c.ch.sync_taken().is_ok() && c.ch.taken() == 0);
+    let was_setting_up = std::mem::replace(&mut inner.stream.setting_up, setting_up);
     let growth = late.saturating_add(BACKLOG_GROWTH.as_nanos() as i128);
-    let limit = match setting_up {
+    let limit = match setting_up || was_setting_up {
         true => *inner.stream.backlog_limit.insert(growth),
         false => *inner.stream.backlog_limit.get_or_insert(growth),
     };
@@ -442,7 +454,6 @@ fn backlog_goes_on<P>(inner: &mut Inner<P>, meta: &FrameMeta) -> bool {
         }
         return false;
     }
-    let now = Instant::now();
     for c in inner.clients.iter_mut().filter(|c| c.first_of_wait) {
         // A position it moved out of bounds is reported when the frame is handed out.
         let _ = c.ch.sync_taken();

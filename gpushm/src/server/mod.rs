@@ -152,6 +152,11 @@ struct Stream {
     /// consumers of a wait-for-connection producer get its backlog whole: fixed at the first
     /// frame after the wait, see `deliver::backlog_goes_on`.
     backlog_limit: Option<i128>,
+    /// When the stream's first frame was published: the first consumers' setting up is
+    /// excused for [`crate::policy::BACKLOG_STARTUP_GRACE`] after it.
+    first_frame_at: Option<std::time::Instant>,
+    /// Whether a first consumer was still setting up at the last frame.
+    setting_up: bool,
 }
 
 struct Inner<P> {
@@ -266,6 +271,8 @@ impl<P: Send + 'static> Server<P> {
                     events_seq: 0,
                     sticky: Vec::new(),
                     backlog_limit: None,
+                    first_frame_at: None,
+                    setting_up: false,
                 },
                 book: Book::new(),
                 wake: WakeUps::default(),
