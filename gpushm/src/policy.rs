@@ -97,9 +97,9 @@ pub const LIVE_HOLD_PERCENT: u32 = 10;
 pub const LIVE_HOLD_BURST: Duration = Duration::from_secs(1);
 
 /// The first consumers of a `wait-for-connection` producer (those connected when its wait
-/// ended, or before its first frame) get the backlog it delivers next (what its live source made while it waited, see
-/// [`crate::time::is_backlog`]) whatever their mode: they are waited for as lossless ones
-/// are, up to this long for each frame (a producer delivering a backlog is behind real time
+/// ended, or before its first frame) get the backlog it delivers next (what its live source
+/// made while it waited, see [`crate::time::is_backlog`]) whatever their mode: they are
+/// waited for as lossless ones are, up to this long for each frame (a producer delivering a backlog is behind real time
 /// already), until frames have come on time and each was taken before the next for
 /// [`BACKLOG_SETTLE`]. A consumer that takes the frames slower than they
 /// come, so that the producer falls [`BACKLOG_GROWTH`] further behind than the wait left it,

@@ -150,7 +150,8 @@ struct Stream {
     sticky: Vec<(String, u32, String)>,
     /// How late (ns, see [`crate::time::lateness`]) a frame may be published while the first
     /// consumers of a wait-for-connection producer get its backlog whole: fixed at the first
-    /// frame after the wait, see `deliver::backlog_goes_on`.
+    /// frame after the wait, and again at the first frame after every first consumer has
+    /// started, see `deliver::backlog_goes_on`.
     backlog_limit: Option<i128>,
     /// When the stream's first frame was published: the first consumers' setting up is
     /// excused for [`crate::policy::BACKLOG_STARTUP_GRACE`] after it.
