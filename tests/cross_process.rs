@@ -185,9 +185,10 @@ fn wait_for_connection_waits_for_a_consumer_still_setting_up_at_the_first_frame(
 /// A lossless gpushmsrc of a producer that is not live, whose downstream keeps its last frame
 /// (fakesink, as most sinks) and whose budget keeps one frame zero-copy (4 slots): the frame
 /// it gets next can be zero-copy only once downstream has the one after. gpushmsrc used to
-/// wait 20 ms for downstream to hand one back before every other frame: 2000 small frames
-/// took 20 s and more. It now stops waiting once waiting does not help (for a second, then
-/// longer), and copies: a second or two here, 15 s is the wide margin.
+/// wait 20 ms for downstream to hand one back before every other frame (2000 small frames
+/// took 20 s). It now stops waiting once waiting does not help, for 1 s, then twice as long
+/// each time: however slow the machine, a handful of waits in vain in the whole run (its
+/// debug log says each), where every other frame had one.
 #[test]
 fn a_consumer_whose_sink_keeps_its_last_frame_is_not_held_up_every_other_frame() {
     const FRAMES: u32 = 2000;
@@ -202,16 +203,14 @@ fn a_consumer_whose_sink_keeps_its_last_frame_is_not_held_up_every_other_frame()
         "producer",
     );
     wait_for_path(&sock, Duration::from_secs(10));
-    let t = Instant::now();
-    let (cs, cout) = Proc::spawn(
-        gst_launch(&format!(
-            "gpushmsrc socket-path={} mode=lossless num-buffers={FRAMES} ! fakesink sync=false",
-            sock.display()
-        )),
-        "consumer",
-    )
-    .finish(Duration::from_secs(90));
-    let took = t.elapsed();
+    let mut consumer = gst_launch(&format!(
+        "gpushmsrc socket-path={} mode=lossless num-buffers={FRAMES} ! fakesink sync=false",
+        sock.display()
+    ));
+    consumer
+        .env("GST_DEBUG", "gpushmsrc:5")
+        .env("GST_DEBUG_NO_COLOR", "1");
+    let (cs, cout) = Proc::spawn(consumer, "consumer").finish(Duration::from_secs(120));
     let (ps, pout) = producer.finish(Duration::from_secs(30));
     assert!(
         cs.success() && ps.success(),
@@ -219,9 +218,15 @@ fn a_consumer_whose_sink_keeps_its_last_frame_is_not_held_up_every_other_frame()
         cout.join("\n"),
         pout.join("\n")
     );
+    let futile = cout
+        .iter()
+        .filter(|l| l.contains("handed no frame back"))
+        .count();
+    // At least the first wait is tried; at most 7 fit in the 120 s the run may take
+    // (1 + 2 + 4 + 8 + 16 + 32 s between them, then every 32 s).
     assert!(
-        took < Duration::from_secs(15),
-        "{FRAMES} frames took {took:?}"
+        (1..=7).contains(&futile),
+        "{futile} waits in vain for downstream in {FRAMES} frames"
     );
 }
 

@@ -383,9 +383,11 @@ impl Worker {
                 // Downstream keeps frames until it gets more: not waited for again for a
                 // while, longer each time waiting does not help.
                 self.futile_waits = (self.futile_waits + 1).min(6);
-                self.no_wait_until = Some(
-                    std::time::Instant::now()
-                        + NON_LIVE_WAIT_BACKOFF * (1 << (self.futile_waits - 1)),
+                let pause = NON_LIVE_WAIT_BACKOFF * (1 << (self.futile_waits - 1));
+                self.no_wait_until = Some(std::time::Instant::now() + pause);
+                gst::debug!(
+                    CAT,
+                    "downstream handed no frame back in {NON_LIVE_WAIT:?}: copying without waiting for {pause:?}"
                 );
             } else {
                 self.futile_waits = 0;
