@@ -2,23 +2,13 @@
 //! The full run (`bench`, no subcommand): throughput and latency tables for 720p, 1080p and
 //! 4K against shm (and unixfd), tiny frames, the plot and, with a GPU, the GPU mode.
 
-use gst::prelude::*;
-
 use crate::floor::floor;
 use crate::gpu::gpu_mode;
 use crate::measure::f;
 use crate::plot::{plot, Row};
 use crate::procs::{have, run};
 use crate::tiny::tiny_frames;
-
-/// Whether unixfdsink copies buffers whose memory is not backed by a file descriptor (copy
-/// mode's buffers, from `identity drop-allocation=true`) into shared memory: GStreamer 1.28+
-/// (the `min-memory-size` property came with it); before, it errors out on them.
-fn unixfdsink_copies() -> bool {
-    gst::ElementFactory::make("unixfdsink")
-        .build()
-        .is_ok_and(|e| e.find_property("min-memory-size").is_some())
-}
+use crate::unixfdsink_copies;
 
 pub fn orchestrate(plot_path: &str) {
     let mut rows = Vec::new();

@@ -44,6 +44,9 @@
 //! consumer pinned to two CPUs, `--no-aslr`: consumers at the same addresses every run),
 //! `bench cold [--frames N] [--evict-mib M] [--sleep-us U]` (what taking a frame costs after a
 //! sleep and a cache eviction; capi/bench/c_cold.c measures the C call the same way),
+//! `bench throughput [--rounds 3] [--scale 1] [--pin]` (throughput only, long runs, rounds
+//! alternating gpushm, shm and unixfd in pool and copy mode, with the producer's CPU time,
+//! page faults and sleeps a frame, and medians),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 
@@ -59,8 +62,11 @@ mod measure;
 mod plot;
 mod procs;
 mod produce;
+mod throughput;
 mod tiny;
 mod transport;
+
+use gst::prelude::*;
 
 use crate::capi::capi_mode;
 use crate::cold::cold;
@@ -73,6 +79,7 @@ use crate::latency::{cpu_latency_arg, latency_only};
 use crate::measure::f;
 use crate::procs::{two_cpus, PIN};
 use crate::produce::produce;
+use crate::throughput::throughput;
 use crate::tiny::tiny_frames;
 use crate::transport::{core_produce, core_tiny};
 
@@ -89,6 +96,15 @@ pub fn num(args: &[String], key: &str, default: u64) -> u64 {
     arg(args, key)
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// Whether unixfdsink copies buffers whose memory is not backed by a file descriptor (copy
+/// mode's buffers, from `identity drop-allocation=true`) into shared memory: GStreamer 1.28+
+/// (the `min-memory-size` property came with it); before, it errors out on them.
+pub fn unixfdsink_copies() -> bool {
+    gst::ElementFactory::make("unixfdsink")
+        .build()
+        .is_ok_and(|e| e.find_property("min-memory-size").is_some())
 }
 
 fn main() {
@@ -116,6 +132,10 @@ fn main() {
         Some("cold") => cold(&args),
         Some("tiny") => {
             tiny_frames(num(&args, "--runs", 1).max(1), num(&args, "--spin-us", 300));
+            Ok(())
+        }
+        Some("throughput") => {
+            throughput(&args);
             Ok(())
         }
         Some("gpu") => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gst::prelude::*;
 
-use crate::measure::{now, rusage};
+use crate::measure::{faults_and_switches, now, rusage};
 use crate::procs::{cpu_latency_prop, timeout_s};
 use crate::{arg, num};
 
@@ -170,8 +170,9 @@ pub fn produce(args: &[String]) -> Result<(), String> {
         .downcast::<gst::Bin>()
         .map_err(|_| "not a bin")?;
     let sink_el = bin.by_name("sink").ok_or("no sink")?;
-    // first, last, count, CPU time at the first frame
-    let times = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64)));
+    // first, last, count, CPU time at the first frame, minor faults and voluntary context
+    // switches at the first frame
+    let times = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64, 0u64, 0u64)));
     {
         let times = times.clone();
         sink_el.static_pad("sink").ok_or("no pad")?.add_probe(
@@ -191,6 +192,8 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                     if g.2 == 0 {
                         g.0 = t;
                         g.3 = rusage().0;
+                        let (faults, voluntary, _) = faults_and_switches();
+                        (g.4, g.5) = (faults, voluntary);
                     }
                     g.1 = t;
                     g.2 += 1;
@@ -200,8 +203,9 @@ pub fn produce(args: &[String]) -> Result<(), String> {
         );
     }
     run_pipeline(&pipeline, Duration::from_secs(timeout_s()))?;
-    let (first, last, count, cpu0) = *times.lock().unwrap();
+    let (first, last, count, cpu0, faults0, voluntary0) = *times.lock().unwrap();
     let (cpu_us, rss) = rusage();
+    let (faults, voluntary, _) = faults_and_switches();
     let cpu_us = cpu_us.saturating_sub(cpu0);
     let copied = if transport == "gpushm" {
         sink_el
@@ -216,9 +220,14 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     } else {
         0.0
     };
+    // Faults and switches after the first frame, per frame: what the frames themselves cost
+    // (first touches of buffers, waits that slept), not the pipeline's setup.
+    let per_frame = |n: u64| n as f64 / count.saturating_sub(1).max(1) as f64;
     println!(
-        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied}",
-        cpu_us as f64 / count.saturating_sub(1).max(1) as f64
+        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2}",
+        per_frame(cpu_us),
+        per_frame(faults.saturating_sub(faults0)),
+        per_frame(voluntary.saturating_sub(voluntary0)),
     );
     Ok(())
 }

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: MPL-2.0
+//! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin]`): a producer flat out
+//! into a lossless consumer, against the same producer alone, at 720p, 1080p and 4K NV12, in
+//! pool mode (upstream renders into the sink's buffers) and copy mode (the sink copies), for
+//! gpushm, shm and unixfd (when installed). Rounds alternate the transports' order; the table
+//! at the end has the medians.
+//!
+//! Runs are long enough to measure the steady state (720p 3000 frames, 1080p 1500, 4K 500,
+//! times `--scale`): with a hundred frames, the first touch of every slot of a ring (8 × 12 MiB
+//! at 4K) is a tenth of the run. Besides frames a second and CPU time a frame, the producer
+//! reports its minor page faults and voluntary context switches (sleeps) a frame, counted from
+//! its first frame on.
+
+use crate::measure::{f, median};
+use crate::procs::{have, run, two_cpus, PIN};
+use crate::{num, unixfdsink_copies};
+
+/// One transport's figures over the rounds of one size and mode.
+#[derive(Default, Clone)]
+struct Figures {
+    percent: Vec<f64>,
+    cpu: Vec<f64>,
+    faults: Vec<f64>,
+    sleeps: Vec<f64>,
+}
+
+impl Figures {
+    fn push(&mut self, producer: &Option<crate::measure::Fields>, percent: f64) {
+        self.percent.push(percent);
+        self.cpu.push(f(producer, "cpu_us_per_frame"));
+        self.faults.push(f(producer, "faults_per_frame"));
+        self.sleeps.push(f(producer, "sleeps_per_frame"));
+    }
+}
+
+pub fn throughput(args: &[String]) {
+    let rounds = num(args, "--rounds", 3).max(1) as usize;
+    let scale = num(args, "--scale", 1).max(1);
+    if args.iter().any(|a| a == "--pin") {
+        *PIN.lock().unwrap() = two_cpus();
+    }
+    let sizes = [
+        ("720p", 1280, 720, 3000 * scale),
+        ("1080p", 1920, 1080, 1500 * scale),
+        ("4K", 3840, 2160, 500 * scale),
+    ];
+    let mut transports = vec!["gpushm", "shm"];
+    if have("unixfdsink") {
+        transports.push("unixfd");
+    }
+    let copies = |t: &str| t != "unixfd" || unixfdsink_copies();
+    println!(
+        "# Throughput: producer flat out, lossless consumer; GStreamer {}, {} CPUs, {rounds} round(s){}\n",
+        gst::version_string(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        match *PIN.lock().unwrap() {
+            Some((p, c)) => format!(", producer on CPU {p}, consumer on CPU {c}"),
+            None => String::new(),
+        }
+    );
+    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | faults/frame | sleeps/frame |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    // [size][mode][transport], and the producer alone [size].
+    let mut figs = vec![vec![vec![Figures::default(); transports.len()]; 2]; sizes.len()];
+    let mut alone = vec![Figures::default(); sizes.len()];
+    let mut alone_fps = vec![Vec::new(); sizes.len()];
+    for round in 0..rounds {
+        for (si, &(name, w, h, frames)) in sizes.iter().enumerate() {
+            let a = run("none", w, h, frames, 0, false, false);
+            let own = f(&a.producer, "fps");
+            alone_fps[si].push(own);
+            alone[si].push(&a.producer, 100.0);
+            println!(
+                "| {} | {name} | - | alone | {frames} | {own:.0} | | | {:.0} | {:.2} | {:.2} |",
+                round + 1,
+                f(&a.producer, "cpu_us_per_frame"),
+                f(&a.producer, "faults_per_frame"),
+                f(&a.producer, "sleeps_per_frame"),
+            );
+            for (mi, copy) in [false, true].into_iter().enumerate() {
+                let mode = if copy { "copy" } else { "pool" };
+                // Each round in another order: a transport is not always the one run right
+                // after the producer alone.
+                let n = transports.len();
+                for k in 0..n {
+                    let ti = (k + round) % n;
+                    let t = transports[ti];
+                    if copy && !copies(t) {
+                        continue;
+                    }
+                    let r = run(t, w, h, frames, 0, copy, false);
+                    let delivered = f(&r.consumer, "fps");
+                    let percent = 100.0 * delivered / own;
+                    figs[si][mi][ti].push(&r.producer, percent);
+                    println!(
+                        "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.2} | {:.2} |",
+                        round + 1,
+                        f(&r.producer, "cpu_us_per_frame"),
+                        f(&r.producer, "faults_per_frame"),
+                        f(&r.producer, "sleeps_per_frame"),
+                    );
+                }
+            }
+        }
+    }
+    println!("\n## Medians of {rounds} round(s)\n");
+    let cols = transports.join(" / ");
+    println!("| size | mode | producer alone fps | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | faults/frame: alone / {cols} | sleeps/frame: alone / {cols} |");
+    println!("|---|---|---|---|---|---|---|");
+    for (si, &(name, ..)) in sizes.iter().enumerate() {
+        for (mi, mode) in ["pool", "copy"].into_iter().enumerate() {
+            let row = |pick: fn(&Figures) -> &Vec<f64>, digits: usize, with_alone: bool| {
+                let mut v: Vec<String> = Vec::new();
+                if with_alone {
+                    v.push(format!("{:.*}", digits, median(pick(&alone[si]))));
+                }
+                for (ti, t) in transports.iter().enumerate() {
+                    v.push(match mi == 1 && !copies(t) {
+                        true => "n/a".into(),
+                        false => format!("{:.*}", digits, median(pick(&figs[si][mi][ti]))),
+                    });
+                }
+                v.join(" / ")
+            };
+            println!(
+                "| {name} | {mode} | {:.0} | {} | {} | {} | {} |",
+                median(&alone_fps[si]),
+                row(|x| &x.percent, 1, false),
+                row(|x| &x.cpu, 0, true),
+                row(|x| &x.faults, 2, true),
+                row(|x| &x.sleeps, 2, true),
+            );
+        }
+    }
+    if transports.contains(&"unixfd") && !unixfdsink_copies() {
+        println!("\nunixfd copy mode: n/a, unixfdsink before GStreamer 1.28 takes only memory backed by a file descriptor (see `bench`).");
+    }
+}
