@@ -433,6 +433,156 @@ fn every_raw_format_reaches_the_core_subscriber_with_its_geometry() {
     }
 }
 
+/// gpushmsink's pool lends the buffer that came back last, not the one that came back first
+/// (GstBufferPool's own queue): a producer a fast consumer keeps up with writes into the two
+/// or three slots it has in turn, still in the cache, not into every slot the pool ever
+/// allocated. Buffers it keeps free are freed when the pool stops: all its slots can be
+/// acquired again after.
+#[test]
+fn the_sink_pool_lends_the_buffer_that_came_back_last() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("lifo.sock");
+    let caps_str = "video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1";
+    let sink = sink_harness(&sock, caps_str);
+    let caps = gst::Caps::from_str(caps_str).unwrap();
+    let mut q = gst::query::Allocation::new(Some(&caps), true);
+    let pad = sink.element().unwrap().static_pad("sink").unwrap();
+    assert!(pad.query(&mut q), "gpushmsink answers the ALLOCATION query");
+    let (pool, size, min, max) = q
+        .allocation_pools()
+        .into_iter()
+        .find_map(|(p, size, min, max)| p.map(|p| (p, size, min, max)))
+        .expect("gpushmsink offers a pool");
+    assert!(max >= 4, "a pool of {max} buffers");
+    let mut config = pool.config();
+    config.set_params(Some(&caps), size, min, max);
+    pool.set_config(config).unwrap();
+    let addr = |b: &gst::Buffer| b.map_readable().unwrap().as_ptr() as usize;
+    for round in 0..2 {
+        pool.set_active(true).unwrap();
+        let bufs: Vec<gst::Buffer> = (0..4).map(|_| pool.acquire_buffer(None).unwrap()).collect();
+        let addrs: Vec<usize> = bufs.iter().map(addr).collect();
+        // Back in order: the last one back is lent first, then the one before it.
+        drop(bufs);
+        let again = pool.acquire_buffer(None).unwrap();
+        assert_eq!(
+            addr(&again),
+            addrs[3],
+            "round {round}: the last buffer back comes first"
+        );
+        let next = pool.acquire_buffer(None).unwrap();
+        assert_eq!(
+            addr(&next),
+            addrs[2],
+            "round {round}: then the one before it"
+        );
+        drop((again, next));
+        // Every slot at once, the free ones included.
+        let all: Vec<gst::Buffer> = (0..max)
+            .map(|_| pool.acquire_buffer(None).unwrap())
+            .collect();
+        let mut distinct: Vec<usize> = all.iter().map(addr).collect();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            max as usize,
+            "round {round}: every slot once"
+        );
+        drop(all);
+        // Stopping frees the buffers kept free; the next round starts over.
+        pool.set_active(false).unwrap();
+    }
+}
+
+/// A consumer of a stream that is not live, whose frames come back to back (a producer flat
+/// out), polls for the next frame before it sleeps: the producer delivers it without a
+/// wake-up, which costs its thread a system call and an interrupt to the sleeping core every
+/// frame. Each frame is pushed as soon as the consumer took the last one, so the consumer
+/// is always waiting for it. A poll misses only when a push takes over twice the usual
+/// interval; at least half of them do not, so at least one of 300 is caught however slow the
+/// machine. The frames come complete and in order, and the sink's `woken` counts only the
+/// frames no poll caught.
+#[test]
+fn back_to_back_frames_of_a_stream_that_is_not_live_come_without_wake_ups() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("b2b.sock");
+    // appsrc is not live (a harness is): its frames are marked so.
+    let pipeline = gst::parse::launch(&format!(
+        "appsrc name=src format=time caps=video/x-raw,format=GRAY8,width=64,height=48,framerate=25/1 \
+         ! gpushmsink name=sink socket-path={} sync=false",
+        sock.display()
+    ))
+    .unwrap()
+    .downcast::<gst::Pipeline>()
+    .unwrap();
+    let appsrc = pipeline
+        .by_name("src")
+        .unwrap()
+        .downcast::<gst_app::AppSrc>()
+        .unwrap();
+    let sink_el = pipeline.by_name("sink").unwrap();
+    pipeline.set_state(gst::State::Playing).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !sock.exists() {
+        assert!(Instant::now() < deadline, "gpushmsink made no socket");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut sub = gpushm::subscriber::Subscriber::connect(
+        &sock,
+        gpushm::subscriber::ConnectOptions {
+            lossless: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    while sink_el.property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    const FRAMES: u64 = 300;
+    let (took, next) = mpsc::channel();
+    let consumer = std::thread::spawn(move || {
+        for n in 0..FRAMES {
+            let f = sub
+                .next_frame(Some(Duration::from_secs(10)))
+                .unwrap()
+                .expect("a frame");
+            let want = gray_frame(n, 64, 48);
+            assert!(
+                f.to_vec() == want.map_readable().unwrap().as_slice(),
+                "frame {n} has its bytes"
+            );
+            drop(f);
+            took.send(n).unwrap();
+        }
+        sub.back_to_back_polls()
+    });
+    for n in 0..FRAMES {
+        let mut b = gray_frame(n, 64, 48);
+        b.make_mut().set_pts(gst::ClockTime::from_mseconds(40 * n));
+        assert_eq!(appsrc.push_buffer(b), Ok(gst::FlowSuccess::Ok));
+        assert_eq!(next.recv_timeout(Duration::from_secs(10)), Ok(n));
+    }
+    let polls = consumer.join().unwrap();
+    let woken = sink_el
+        .property::<gst::Structure>("stats")
+        .get::<u64>("woken")
+        .unwrap();
+    assert!(
+        polls.caught >= 1,
+        "no poll caught a frame: {polls:?}, woken {woken}"
+    );
+    assert!(
+        woken <= FRAMES - polls.caught,
+        "woken {woken} times for {FRAMES} frames, {} of them caught by polling",
+        polls.caught
+    );
+    pipeline.set_state(gst::State::Null).unwrap();
+}
+
 /// A buffer of gpushmsink's pool pushed again while a consumer still holds the frame it
 /// carried the first time (a tee, a repeated frame): the second push goes out as a copy in
 /// another slot, and the held frame keeps its bytes.

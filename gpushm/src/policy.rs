@@ -203,6 +203,15 @@ pub fn check_spin(spin: Duration) -> Result<()> {
 /// [`crate::server::Server::wake_early`]), at most once per frame it takes.
 pub const EARLY_WAKE_POLL: Duration = Duration::from_micros(100);
 
+/// A subscriber that took a frame of a stream that is not live, whose frames come less than
+/// this apart, polls the ring for the next one for up to twice their interval (at most this)
+/// before it sleeps. A producer flat out (a file, a transcode) then delivers without waking it:
+/// a wake-up is a system call and an interrupt to the sleeping core on the producer's thread,
+/// 10-20 µs a frame in a VM, a tenth of a 720p frame's time. Live streams and slower ones
+/// never poll; a stream that slows down or pauses costs one poll. Measured with
+/// `bench throughput` (docs/performance.md).
+pub const BACK_TO_BACK_POLL: Duration = Duration::from_micros(500);
+
 /// How long since the last frame [`crate::server::Server::wake_early`] waits before it wakes
 /// clients ahead of a frame: a core idle for less is quick to wake (a few µs), one idle for a
 /// millisecond or more takes tens of µs (60-80 on the H100 machine). Streams of up to 2000

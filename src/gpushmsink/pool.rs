@@ -168,6 +168,12 @@ mod imp {
         pub free_slots: Vec<u32>,
         /// Slots whose memory is gone; consumers may still hold them (alloc_buffer asks).
         pub gone: Vec<u32>,
+        /// Buffers free to lend, the one that came back last on top. GstBufferPool's own
+        /// queue lends the one that came back first, which puts every slot the pool ever
+        /// allocated (8 at a consumer's burst) in turn: each is written once a round, from
+        /// memory, where this reuses the two or three a fast consumer keeps in turn, still in
+        /// the cache, and the producer's first touches of slots stop at those.
+        pub free: Vec<gst::Buffer>,
         pub size: usize,
         pub video_info: Option<gst_video::VideoInfo>,
         /// cuda-register=auto: the device (cuda-device-id) to register with on request.
@@ -210,8 +216,56 @@ mod imp {
             drop(st);
             // Parked by release_buffer, which found its slot's memory in it.
             unlock(&buffer);
-            self.parent_release_buffer(buffer);
+            self.keep_free(buffer);
             self.bump();
+        }
+
+        /// Keeps a buffer that came back for the next acquire, unless GstBufferPool would not
+        /// lend it again (the checks of its default release_buffer): then the parent frees it.
+        fn keep_free(&self, buffer: gst::Buffer) {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if buffer.flags().contains(gst::BufferFlags::TAG_MEMORY)
+                || buffer.size() != st.size
+                || !buffer.is_all_memory_writable()
+            {
+                drop(st);
+                self.parent_release_buffer(buffer);
+                return;
+            }
+            st.free.push(buffer);
+        }
+
+        /// A free buffer, the last that came back first, or a new one (the parent allocates
+        /// while it has allocated fewer than the slots). Never waits.
+        fn acquire_now(
+            &self,
+            params: &gst::BufferPoolAcquireParams,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            // SAFETY: the pool's own flushing flag, an int that GstBufferPool sets atomically
+            // (GST_BUFFER_POOL_IS_FLUSHING reads it the same way).
+            let flushing = unsafe {
+                use gst::glib::translate::ToGlibPtr;
+                use gst::prelude::Cast;
+                let obj = self.obj();
+                let pool: *mut gst::ffi::GstBufferPool =
+                    obj.upcast_ref::<gst::BufferPool>().to_glib_none().0;
+                std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*pool).flushing))
+                    .load(Ordering::SeqCst)
+                    != 0
+            };
+            if flushing {
+                return Err(gst::FlowError::Flushing);
+            }
+            let top = self
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .free
+                .pop();
+            match top {
+                Some(b) => Ok(b),
+                None => self.parent_acquire_buffer(Some(params)),
+            }
         }
 
         /// The memory of `slot` was freed. Takes only the pool's own locks: it runs wherever
@@ -312,7 +366,7 @@ mod imp {
             });
             now.set_flags(flags | gst::BufferPoolAcquireFlags::DONTWAIT);
             let mut seen = self.changes();
-            match self.parent_acquire_buffer(Some(&now)) {
+            match self.acquire_now(&now) {
                 Err(gst::FlowError::Eos)
                     if !flags.contains(gst::BufferPoolAcquireFlags::DONTWAIT) => {}
                 r => return r,
@@ -332,7 +386,7 @@ mod imp {
             loop {
                 self.wait_change(seen, Duration::from_millis(50));
                 seen = self.changes();
-                match self.parent_acquire_buffer(Some(&now)) {
+                match self.acquire_now(&now) {
                     Err(gst::FlowError::Eos) => {}
                     r => return r,
                 }
@@ -342,6 +396,16 @@ mod imp {
         fn flush_start(&self) {
             self.parent_flush_start();
             self.bump();
+        }
+
+        fn stop(&self) -> bool {
+            // The free buffers go to the parent's queue, which its stop frees.
+            let free =
+                std::mem::take(&mut self.state.lock().unwrap_or_else(|e| e.into_inner()).free);
+            for b in free {
+                self.parent_release_buffer(b);
+            }
+            self.parent_stop()
         }
 
         fn alloc_buffer(
@@ -440,7 +504,7 @@ mod imp {
             if slot.is_some() {
                 unlock(&buffer);
             }
-            self.parent_release_buffer(buffer);
+            self.keep_free(buffer);
             self.bump();
         }
     }

@@ -43,6 +43,7 @@ pub(super) fn structure(server: Option<&Server>) -> gst::Structure {
         .field("times-lagged", s.times_lagged)
         .field("spin-caught", s.spin_caught)
         .field("spin-missed", s.spin_missed)
+        .field("woken", s.woken)
         .field("woken-early", s.woken_early)
         .field("woken-ahead", s.woken_ahead)
         .field("connections-accepted", s.connections_accepted)

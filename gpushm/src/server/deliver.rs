@@ -395,6 +395,7 @@ impl<P: Send + 'static> Server<P> {
                     // A client busy with earlier frames takes this one without a wake-up.
                     if c.ch.consumer_waits() {
                         wake.push(c.ready.clone());
+                        inner.book.stats.woken += 1;
                     }
                 }
                 Ok(false) => {

@@ -22,6 +22,9 @@ pub struct Stats {
     /// and that ended asleep all the same.
     pub spin_caught: u64,
     pub spin_missed: u64,
+    /// Wake-ups rung for frames delivered to sleeping clients, one per client and frame (a
+    /// client busy with earlier frames, or polling for the next, takes it without one).
+    pub woken: u64,
     /// Wake-ups rung ahead of a frame (wake-early and wake-ahead), one per sleeping client.
     pub woken_early: u64,
     /// Of those, the ones rung by the connection thread before the frame was due

@@ -269,6 +269,7 @@ impl Subscriber {
         };
         self.releaser.leases.fetch_add(1, Ordering::AcqRel);
         self.waiting.early_poll = true;
+        self.waiting.back_to_back_poll = true;
         self.announced.since_frame = 0;
         let lease = SlotLease {
             entry: e,
@@ -276,13 +277,12 @@ impl Subscriber {
             releaser: self.releaser.clone(),
         };
         let (meta, ptr) = ring.read_frame(&e)?;
+        self.waiting.live = meta.live;
         if meta.publish_ns != 0 && meta.publish_ns != crate::ring::layout::NONE_U64 {
             self.releaser
                 .ch
                 .record_latency(crate::monotonic_ns().saturating_sub(meta.publish_ns));
-            if !self.waiting.spin.is_zero() {
-                self.waiting.cadence.record(meta.publish_ns);
-            }
+            self.waiting.cadence.record(meta.publish_ns);
         }
         let find = |c: &Self| {
             c.announced

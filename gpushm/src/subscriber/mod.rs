@@ -276,6 +276,13 @@ impl Subscriber {
         self.waiting.early_stats
     }
 
+    /// The polls run after a frame of a stream that is not live and comes back to back, before
+    /// sleeping ([`crate::policy::BACK_TO_BACK_POLL`]): frames they caught (each a wake-up the
+    /// producer did not ring), and polls that ended without one.
+    pub fn back_to_back_polls(&self) -> SpinStats {
+        self.waiting.back_to_back_stats
+    }
+
     /// Interrupts [`Self::next_frame`] from another thread.
     pub fn waker(&self) -> Waker {
         Waker(self.wake.clone())

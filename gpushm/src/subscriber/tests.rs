@@ -189,6 +189,96 @@ fn sleeps(tid: i32) -> u64 {
         .unwrap()
 }
 
+/// Only a stream that is not live and comes back to back is polled for before sleeping
+/// ([`crate::policy::BACK_TO_BACK_POLL`]): a live one never (the Publisher's frames are live),
+/// nor one that is slower; such a poll is spent once per frame taken, and a wait that follows
+/// it sleeps and is rung as before.
+#[test]
+fn only_a_stream_that_is_not_live_and_comes_back_to_back_is_polled_for() {
+    let dir = scratch("back-to-back");
+    let cam = camera(&dir, 8);
+    let mut sub = connect(&dir, true);
+    until("the client", || cam.num_clients() == 1);
+    // Live frames 50 µs apart: never polled for.
+    for v in 1..=4u8 {
+        publish(&cam, v);
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    for v in 1..=4u8 {
+        assert!(filled_with(&take(&mut sub), v));
+    }
+    assert!(matches!(
+        sub.next_frame(Some(Duration::from_millis(1))),
+        Err(Error::Timeout(_))
+    ));
+    assert_eq!(
+        sub.back_to_back_polls(),
+        SpinStats::default(),
+        "live: no poll"
+    );
+    // Not live (as gpushmsink marks a stream that is not), frames 100 µs apart: one poll after
+    // the frame taken, which ends without a frame; the wait goes on asleep, and the frame
+    // published then wakes it.
+    sub.waiting.live = false;
+    sub.waiting.back_to_back_poll = true;
+    let now = crate::monotonic_ns();
+    sub.waiting.cadence = Default::default();
+    for k in (1..=4).rev() {
+        sub.waiting.cadence.record(now - k * 100_000);
+    }
+    let woken = cam.stats().0.woken;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        tx.send(nix::unistd::gettid().as_raw()).unwrap();
+        let f = take(&mut sub);
+        (filled_with(&f, 5), sub)
+    });
+    let tid = rx.recv().unwrap();
+    until("the subscriber to sleep", || sleeping(tid));
+    publish(&cam, 5);
+    let (five, mut sub) = t.join().unwrap();
+    assert!(five);
+    assert_eq!(
+        sub.back_to_back_polls(),
+        SpinStats {
+            caught: 0,
+            missed: 1
+        }
+    );
+    assert_eq!(cam.stats().0.woken, woken + 1, "rung as it slept");
+    // Frame 5 came long after: the median interval is still 100 µs, so the wait after it
+    // polls once (and misses); the next one, with no frame taken since, does not.
+    sub.waiting.live = false;
+    for _ in 0..2 {
+        assert!(matches!(
+            sub.next_frame(Some(Duration::from_millis(2))),
+            Err(Error::Timeout(_))
+        ));
+    }
+    assert_eq!(sub.back_to_back_polls().missed, 2, "once per frame taken");
+    // A stream slower than 500 µs a frame: never polled for.
+    let mut slow = connect(&dir, true);
+    until("the second client", || cam.num_clients() == 2);
+    for v in 6..=9u8 {
+        publish(&cam, v);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    for v in 6..=9u8 {
+        let f = take(&mut slow);
+        assert!(filled_with(&f, v));
+        slow.waiting.live = false;
+    }
+    assert!(matches!(
+        slow.next_frame(Some(Duration::from_millis(2))),
+        Err(Error::Timeout(_))
+    ));
+    assert_eq!(
+        slow.back_to_back_polls(),
+        SpinStats::default(),
+        "slow: no poll"
+    );
+}
+
 /// wake_early wakes a subscriber that sleeps waiting for a frame ahead of the frame: once
 /// per frame, never from the CPU it went to sleep on (where it would take the CPU from the
 /// producer), never one whose event loop polls the doorbell. The subscriber woken before

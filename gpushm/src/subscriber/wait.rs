@@ -13,7 +13,7 @@ use nix::sys::time::TimeSpec;
 
 use super::options::ConnectOptions;
 use super::Subscriber;
-use crate::policy::EARLY_WAKE_POLL;
+use crate::policy::{BACK_TO_BACK_POLL, EARLY_WAKE_POLL};
 use crate::ring::shm;
 use crate::{Error, Result};
 
@@ -110,6 +110,14 @@ pub(super) struct Waiting {
     pub early_poll: bool,
     /// Those polls: frames they caught, and polls that ended without one.
     pub early_stats: SpinStats,
+    /// The last frame taken was of a live stream (true before the first: nothing to poll
+    /// for yet).
+    pub live: bool,
+    /// The wait after a frame of a stream that comes back to back may poll for the next one
+    /// ([`BACK_TO_BACK_POLL`]): once per frame taken.
+    pub back_to_back_poll: bool,
+    /// Those polls: frames they caught, and polls that ended without one.
+    pub back_to_back_stats: SpinStats,
 }
 
 impl Waiting {
@@ -128,6 +136,9 @@ impl Waiting {
             spin_stats: SpinStats::default(),
             early_poll: true,
             early_stats: SpinStats::default(),
+            live: true,
+            back_to_back_poll: false,
+            back_to_back_stats: SpinStats::default(),
         }
     }
 }
@@ -145,7 +156,10 @@ impl Subscriber {
     ) -> Result<Wait> {
         if self.waiting.spin.is_zero() {
             let start = Instant::now();
-            let r = self.wait_blocking(wake, timeout)?;
+            if self.poll_back_to_back(timeout) {
+                return Ok(Wait::Ready);
+            }
+            let r = self.wait_blocking(wake, timeout.map(|t| t.saturating_sub(start.elapsed())))?;
             if r == Wait::Ready {
                 self.poll_after_early_wake(timeout.map(|t| t.saturating_sub(start.elapsed())));
             }
@@ -238,6 +252,47 @@ impl Subscriber {
             return Ok(Some(Wait::TimedOut));
         }
         Ok(None)
+    }
+
+    /// Before sleeping after a frame of a stream that is not live and whose frames come less
+    /// than [`BACK_TO_BACK_POLL`] apart: polls the ring for the next frame for up to twice
+    /// their interval (at most that, never past `timeout`), once per frame taken. A producer
+    /// flat out then delivers without ringing us: its wake-up would cost it a system call and
+    /// an interrupt to our core on every frame. True: a frame came.
+    #[link_section = ".text.hot.gpushm"]
+    fn poll_back_to_back(&mut self, timeout: Option<Duration>) -> bool {
+        if !std::mem::take(&mut self.waiting.back_to_back_poll)
+            || self.waiting.live
+            || self.waiting.always_wake.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        let Some(interval) = self.waiting.cadence.interval() else {
+            return false;
+        };
+        let limit = BACK_TO_BACK_POLL.as_nanos() as u64;
+        if interval >= limit {
+            return false;
+        }
+        let mut window = Duration::from_nanos((2 * interval).min(limit));
+        if let Some(t) = timeout {
+            window = window.min(t);
+        }
+        let ch = &self.releaser.ch;
+        let end = Instant::now() + window;
+        loop {
+            if ch.has_delivery() {
+                self.waiting.back_to_back_stats.caught += 1;
+                return true;
+            }
+            if Instant::now() >= end {
+                self.waiting.back_to_back_stats.missed += 1;
+                return false;
+            }
+            for _ in 0..16 {
+                std::hint::spin_loop();
+            }
+        }
     }
 
     /// After a wake-up that found no frame and no news on the socket: the producer rang
