@@ -41,6 +41,7 @@ pub fn run_format(
     cudasum: bool,
 ) -> Run {
     let exe = std::env::current_exe().expect("current_exe");
+    let other = OTHER_BUILD.lock().unwrap().clone();
     let dir = tempfile::tempdir().expect("tempdir");
     let sock = dir.path().join("bench.sock");
     let sock_s = sock.to_str().unwrap().to_string();
@@ -50,7 +51,15 @@ pub fn run_format(
         t => t,
     };
     let common = |role: &str, socket: &str| {
-        let mut c = Command::new(&exe);
+        // Another build's processes (`bench throughput --compare`), or ours.
+        let mut c = match &other {
+            Some(cmd) => {
+                let mut c = Command::new(&cmd[0]);
+                c.args(&cmd[1..]);
+                c
+            }
+            None => Command::new(&exe),
+        };
         let t = if role == "produce" {
             producer_transport
         } else {
@@ -219,6 +228,10 @@ pub fn chain_len() -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// The command (a program and its first arguments) whose `produce` and `consume` run instead
+/// of this binary's: another build, compared in the same run (`bench throughput --compare`).
+pub static OTHER_BUILD: Mutex<Option<Vec<String>>> = Mutex::new(None);
 
 /// CPUs that `bench capi` and `bench latency --pin` pin the producer and consumer to (none: the
 /// scheduler places them).

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin]`): a producer flat out
+//! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin] [--pool-only] [--compare "CMD"]`): a producer flat out
 //! into a lossless consumer, against the same producer alone, at 720p, 1080p and 4K NV12, in
 //! pool mode (upstream renders into the sink's buffers) and copy mode (the sink copies), for
 //! gpushm, shm and unixfd (when installed). Rounds alternate the transports' order; the table
@@ -10,10 +10,19 @@
 //! at 4K) is a tenth of the run. Besides frames a second and CPU time a frame, the producer
 //! reports its minor page faults and voluntary context switches (sleeps) a frame, counted from
 //! its first frame on.
+//!
+//! The producer alone runs before and after each size's transports, and each is measured
+//! against the mean of the two: a shared machine's pace drifts by 10 % and more within a
+//! minute. `--compare "CMD"` adds gpushm run by another build (`CMD produce ...` and `CMD
+//! consume ...`, e.g. `target/old/bench` or `DIR/run old/bench` on GStreamer 1.26), labelled
+//! `gpushm (compared)`, in the same rounds.
 
 use crate::measure::{f, median};
-use crate::procs::{have, run, two_cpus, PIN};
+use crate::procs::{have, run, two_cpus, OTHER_BUILD, PIN};
 use crate::{num, unixfdsink_copies};
+
+/// The label of gpushm run by the build `--compare` names.
+const COMPARED: &str = "gpushm (compared)";
 
 /// One transport's figures over the rounds of one size and mode.
 #[derive(Default, Clone)]
@@ -44,11 +53,22 @@ pub fn throughput(args: &[String]) {
         ("1080p", 1920, 1080, 1500 * scale),
         ("4K", 3840, 2160, 500 * scale),
     ];
-    let mut transports = vec!["gpushm", "shm"];
+    let compare: Option<Vec<String>> = crate::arg(args, "--compare")
+        .map(|c| c.split_whitespace().map(String::from).collect())
+        .filter(|c: &Vec<String>| !c.is_empty());
+    let mut transports = vec!["gpushm"];
+    if compare.is_some() {
+        transports.push(COMPARED);
+    }
+    transports.push("shm");
     if have("unixfdsink") {
         transports.push("unixfd");
     }
     let copies = |t: &str| t != "unixfd" || unixfdsink_copies();
+    let modes: &[bool] = match args.iter().any(|a| a == "--pool-only") {
+        true => &[false],
+        false => &[false, true],
+    };
     println!(
         "# Throughput: producer flat out, lossless consumer; GStreamer {}, {} CPUs, {rounds} round(s){}\n",
         gst::version_string(),
@@ -58,6 +78,9 @@ pub fn throughput(args: &[String]) {
             None => String::new(),
         }
     );
+    if let Some(c) = &compare {
+        println!("`{COMPARED}`: gpushm run by `{}`.\n", c.join(" "));
+    }
     println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | faults/frame | sleeps/frame |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     // [size][mode][transport], and the producer alone [size].
@@ -66,18 +89,22 @@ pub fn throughput(args: &[String]) {
     let mut alone_fps = vec![Vec::new(); sizes.len()];
     for round in 0..rounds {
         for (si, &(name, w, h, frames)) in sizes.iter().enumerate() {
-            let a = run("none", w, h, frames, 0, false, false);
-            let own = f(&a.producer, "fps");
-            alone_fps[si].push(own);
-            alone[si].push(&a.producer, 100.0);
-            println!(
-                "| {} | {name} | - | alone | {frames} | {own:.0} | | | {:.0} | {:.2} | {:.2} |",
-                round + 1,
-                f(&a.producer, "cpu_us_per_frame"),
-                f(&a.producer, "faults_per_frame"),
-                f(&a.producer, "sleeps_per_frame"),
-            );
-            for (mi, copy) in [false, true].into_iter().enumerate() {
+            let alone_run = |when: &str| {
+                let a = run("none", w, h, frames, 0, false, false);
+                println!(
+                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | {:.2} | {:.2} |",
+                    round + 1,
+                    f(&a.producer, "fps"),
+                    f(&a.producer, "cpu_us_per_frame"),
+                    f(&a.producer, "faults_per_frame"),
+                    f(&a.producer, "sleeps_per_frame"),
+                );
+                a
+            };
+            let a = alone_run("before");
+            // Runs of the transports, measured once the second alone run is in.
+            let mut runs = Vec::new();
+            for (mi, &copy) in modes.iter().enumerate() {
                 let mode = if copy { "copy" } else { "pool" };
                 // Each round in another order: a transport is not always the one run right
                 // after the producer alone.
@@ -88,27 +115,45 @@ pub fn throughput(args: &[String]) {
                     if copy && !copies(t) {
                         continue;
                     }
-                    let r = run(t, w, h, frames, 0, copy, false);
-                    let delivered = f(&r.consumer, "fps");
-                    let percent = 100.0 * delivered / own;
-                    figs[si][mi][ti].push(&r.producer, percent);
-                    println!(
-                        "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.2} | {:.2} |",
-                        round + 1,
-                        f(&r.producer, "cpu_us_per_frame"),
-                        f(&r.producer, "faults_per_frame"),
-                        f(&r.producer, "sleeps_per_frame"),
+                    *OTHER_BUILD.lock().unwrap() = compare.clone().filter(|_| t == COMPARED);
+                    let r = run(
+                        if t == COMPARED { "gpushm" } else { t },
+                        w,
+                        h,
+                        frames,
+                        0,
+                        copy,
+                        false,
                     );
+                    *OTHER_BUILD.lock().unwrap() = None;
+                    runs.push((mi, mode, ti, t, r));
                 }
+            }
+            let b = alone_run("after");
+            let own = (f(&a.producer, "fps") + f(&b.producer, "fps")) / 2.0;
+            alone_fps[si].push(own);
+            alone[si].push(&a.producer, 100.0);
+            alone[si].push(&b.producer, 100.0);
+            for (mi, mode, ti, t, r) in runs {
+                let delivered = f(&r.consumer, "fps");
+                let percent = 100.0 * delivered / own;
+                figs[si][mi][ti].push(&r.producer, percent);
+                println!(
+                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.2} | {:.2} |",
+                    round + 1,
+                    f(&r.producer, "cpu_us_per_frame"),
+                    f(&r.producer, "faults_per_frame"),
+                    f(&r.producer, "sleeps_per_frame"),
+                );
             }
         }
     }
     println!("\n## Medians of {rounds} round(s)\n");
     let cols = transports.join(" / ");
-    println!("| size | mode | producer alone fps | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | faults/frame: alone / {cols} | sleeps/frame: alone / {cols} |");
+    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | faults/frame: alone / {cols} | sleeps/frame: alone / {cols} |");
     println!("|---|---|---|---|---|---|---|");
     for (si, &(name, ..)) in sizes.iter().enumerate() {
-        for (mi, mode) in ["pool", "copy"].into_iter().enumerate() {
+        for (mi, mode) in ["pool", "copy"].into_iter().enumerate().take(modes.len()) {
             let row = |pick: fn(&Figures) -> &Vec<f64>, digits: usize, with_alone: bool| {
                 let mut v: Vec<String> = Vec::new();
                 if with_alone {
