@@ -8,6 +8,7 @@
 #   GST_LAUNCH=.gst126/gst-launch GST_INSPECT=.gst126/gst-inspect \
 #     GST_PLUGIN_PATH=DIR-WITH-libgstgpushm.so scripts/bench-cuda-ipc.sh
 #   scripts/bench-cuda-ipc.sh [WIDTH HEIGHT FRAMES]
+# BENCH_ONLY=TEXT runs only the rows whose name contains TEXT.
 # BENCH_LOGS=DIR keeps every process's output there (DIR/N.p.log, DIR/N.c1.log, ...: N the
 # transport's row).
 # Prints a row per transport: frames each consumer got, the CPU seconds of the producer and
@@ -31,6 +32,7 @@ timed() { local out=$1; shift; ( "$@" > "$out.log" 2>&1 || true; times > "$out.t
 # $4: what the consumer does with the frames.
 chain() {
   local name=$1 sock=$dir/s.$RANDOM pids=() base peak=0 m
+  [[ -z ${BENCH_ONLY:-} || $name == *"$BENCH_ONLY"* ]] || return 0
   base=$(gpu_mib)
   timed "$dir/p" $launch filesrc location="$file" ! h264parse ! nvh264dec ! identity sync=true \
     ! ${2//SOCK/$sock} &
@@ -70,5 +72,9 @@ else
 fi
 chain "gpushmsink -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \
   "gpushmsrc socket-path=SOCK mode=lossless" "video/x-raw(memory:CUDAMemory)"
+# Without wait-for-connection the producer starts at once: the frames a consumer misses are
+# the time it took to join (frames missed / 30 s after the stream's start).
+chain "gpushmsink (no wait-for-connection) -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK" \
+  "gpushmsrc socket-path=SOCK" "video/x-raw(memory:CUDAMemory)"
 chain "gpushmsink -> gpushmsrc ! cudasum (in place)" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \
   "gpushmsrc socket-path=SOCK mode=lossless" "cudasum"
