@@ -10,7 +10,7 @@
 #   scripts/bench-cuda-ipc.sh [WIDTH HEIGHT FRAMES]
 # BENCH_ONLY=TEXT runs only the rows whose name contains TEXT.
 # BENCH_LOGS=DIR keeps every process's output there (DIR/N.p.log, DIR/N.c1.log, ...: N the
-# transport's row).
+# row's number among those run).
 # Prints a row per transport: frames each consumer got, the CPU seconds of the producer and
 # of each consumer (bash's `times`: user + system), and the GPU memory in use on the device
 # (nvidia-smi), its peak over the run minus what was in use before it.
@@ -73,7 +73,7 @@ fi
 chain "gpushmsink -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \
   "gpushmsrc socket-path=SOCK mode=lossless" "video/x-raw(memory:CUDAMemory)"
 # Without wait-for-connection the producer starts at once: the frames a consumer misses are
-# the time it took to join (frames missed / 30 s after the stream's start).
+# the time it took to join (frames missed / 30 = seconds after the stream's start).
 chain "gpushmsink (no wait-for-connection) -> gpushmsrc, CUDA memory" "gpushmsink socket-path=SOCK" \
   "gpushmsrc socket-path=SOCK" "video/x-raw(memory:CUDAMemory)"
 chain "gpushmsink -> gpushmsrc ! cudasum (in place)" "gpushmsink socket-path=SOCK wait-for-connection=true wait-for-clients=3" \

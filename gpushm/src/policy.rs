@@ -208,9 +208,18 @@ pub const EARLY_WAKE_POLL: Duration = Duration::from_micros(100);
 /// before it sleeps. A producer flat out (a file, a transcode) then delivers without waking it:
 /// a wake-up is a system call and an interrupt to the sleeping core on the producer's thread,
 /// 10-20 µs a frame in a VM, a tenth of a 720p frame's time. Live streams and slower ones
-/// never poll; a stream that slows down or pauses costs one poll. Measured with
-/// `bench throughput` (docs/performance.md).
+/// never poll; a stream that slows down or pauses costs one poll. A process that may run on one
+/// CPU only never polls (it would keep the producer from the CPU), and after
+/// [`BACK_TO_BACK_MISSES`] polls in a row that ended without a frame the next
+/// [`BACK_TO_BACK_PAUSE`] frames are waited for asleep. Measured with `bench throughput`
+/// (docs/benchmarks.md).
 pub const BACK_TO_BACK_POLL: Duration = Duration::from_micros(500);
+
+/// See [`BACK_TO_BACK_POLL`]: polls in a row that ended without a frame before polling pauses.
+pub const BACK_TO_BACK_MISSES: u32 = 4;
+
+/// See [`BACK_TO_BACK_POLL`]: frames taken without polling once it paused.
+pub const BACK_TO_BACK_PAUSE: u32 = 64;
 
 /// How long since the last frame [`crate::server::Server::wake_early`] waits before it wakes
 /// clients ahead of a frame: a core idle for less is quick to wake (a few µs), one idle for a

@@ -13,7 +13,7 @@
 //! buffer, and the slot comes free with it.
 //!
 //! Once published, a slot's memory is read-only ([`lock_published`]) until the buffer is back
-//! in the free queue: an upstream element that kept the buffer and maps it for writing gets a
+//! among the free buffers: an upstream element that kept the buffer and maps it for writing gets a
 //! copy (GStreamer's copy-on-write, `gst_memory_make_mapped`), not the bytes consumers hold.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -60,7 +60,7 @@ impl SlotPool {
             .clone()
     }
 
-    /// Puts a buffer back into the pool's free queue (after every consumer released it).
+    /// Puts a buffer back among the pool's free buffers (after every consumer released it).
     pub fn requeue(&self, buffer: gst::Buffer) {
         self.imp().requeue(buffer);
     }
@@ -93,7 +93,7 @@ pub fn register_ring(dev: &Arc<crate::cuda::Device>, ring: &ProducerRing) -> Res
 }
 
 /// Makes the memory of a published pool buffer read-only until the buffer is back in the
-/// pool's free queue, so that a write map through the buffer (or a copy sharing its memory)
+/// pool's free buffers, so that a write map through the buffer (or a copy sharing its memory)
 /// gets a copy instead of the frame consumers hold. Writes through a GpuShmCudaMeta device
 /// pointer are not covered.
 pub fn lock_published(buffer: &gst::BufferRef) {
@@ -199,7 +199,14 @@ mod imp {
         type ParentType = gst::BufferPool;
     }
 
-    impl ObjectImpl for SlotPool {}
+    impl ObjectImpl for SlotPool {
+        fn dispose(&self) {
+            // GStreamer 1.20.0 deactivates a pool only in finalize, once our state (the free
+            // buffers among it) is gone; 1.20.1 and later in dispose, as this does first.
+            use gst::prelude::*;
+            let _ = self.obj().set_active(false);
+        }
+    }
     impl GstObjectImpl for SlotPool {}
 
     impl SlotPool {

@@ -22,8 +22,9 @@ pub struct Stats {
     /// and that ended asleep all the same.
     pub spin_caught: u64,
     pub spin_missed: u64,
-    /// Wake-ups rung for frames delivered to sleeping clients, one per client and frame (a
-    /// client busy with earlier frames, or polling for the next, takes it without one).
+    /// Wake-ups rung for frames delivered, one per client and frame: to clients asleep (one busy
+    /// with earlier frames, or polling for the next, takes it without one), and to every frame
+    /// of a client whose event loop polls its doorbell.
     pub woken: u64,
     /// Wake-ups rung ahead of a frame (wake-early and wake-ahead), one per sleeping client.
     pub woken_early: u64,

@@ -256,6 +256,34 @@ fn only_a_stream_that_is_not_live_and_comes_back_to_back_is_polled_for() {
         ));
     }
     assert_eq!(sub.back_to_back_polls().missed, 2, "once per frame taken");
+    let wait_once = |sub: &mut Subscriber, timeout: Duration| {
+        sub.waiting.back_to_back_poll = true;
+        assert!(matches!(
+            sub.next_frame(Some(timeout)),
+            Err(Error::Timeout(_))
+        ));
+        sub.back_to_back_polls().missed
+    };
+    // A look without waiting does not spend the frame's poll.
+    assert_eq!(wait_once(&mut sub, Duration::ZERO), 2);
+    // Four polls in a row in vain: the next 64 frames are waited for asleep.
+    assert_eq!(wait_once(&mut sub, Duration::from_millis(2)), 3);
+    assert_eq!(wait_once(&mut sub, Duration::from_millis(2)), 4);
+    assert_eq!(
+        sub.waiting.back_to_back_pause,
+        crate::policy::BACK_TO_BACK_PAUSE
+    );
+    for _ in 0..crate::policy::BACK_TO_BACK_PAUSE {
+        assert_eq!(wait_once(&mut sub, Duration::from_micros(100)), 4);
+    }
+    assert_eq!(
+        wait_once(&mut sub, Duration::from_millis(2)),
+        5,
+        "polls again"
+    );
+    // A process that may run on one CPU only never polls.
+    sub.waiting.back_to_back_cpus = false;
+    assert_eq!(wait_once(&mut sub, Duration::from_millis(2)), 5);
     // A stream slower than 500 µs a frame: never polled for.
     let mut slow = connect(&dir, true);
     until("the second client", || cam.num_clients() == 2);

@@ -13,7 +13,7 @@ use nix::sys::time::TimeSpec;
 
 use super::options::ConnectOptions;
 use super::Subscriber;
-use crate::policy::{BACK_TO_BACK_POLL, EARLY_WAKE_POLL};
+use crate::policy::{BACK_TO_BACK_MISSES, BACK_TO_BACK_PAUSE, BACK_TO_BACK_POLL, EARLY_WAKE_POLL};
 use crate::ring::shm;
 use crate::{Error, Result};
 
@@ -118,6 +118,13 @@ pub(super) struct Waiting {
     pub back_to_back_poll: bool,
     /// Those polls: frames they caught, and polls that ended without one.
     pub back_to_back_stats: SpinStats,
+    /// This process may run on more than one CPU: polling cannot keep the producer from its
+    /// own (see [`BACK_TO_BACK_POLL`]).
+    pub back_to_back_cpus: bool,
+    /// Polls in a row that ended without a frame, and the frames still to wait for asleep
+    /// after [`BACK_TO_BACK_MISSES`] of them.
+    pub back_to_back_misses: u32,
+    pub back_to_back_pause: u32,
 }
 
 impl Waiting {
@@ -139,6 +146,16 @@ impl Waiting {
             live: true,
             back_to_back_poll: false,
             back_to_back_stats: SpinStats::default(),
+            back_to_back_cpus: nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+                .map(|set| {
+                    (0..nix::sched::CpuSet::count())
+                        .filter(|&c| set.is_set(c).unwrap_or(false))
+                        .nth(1)
+                        .is_some()
+                })
+                .unwrap_or(true),
+            back_to_back_misses: 0,
+            back_to_back_pause: 0,
         }
     }
 }
@@ -258,13 +275,23 @@ impl Subscriber {
     /// than [`BACK_TO_BACK_POLL`] apart: polls the ring for the next frame for up to twice
     /// their interval (at most that, never past `timeout`), once per frame taken. A producer
     /// flat out then delivers without ringing us: its wake-up would cost it a system call and
-    /// an interrupt to our core on every frame. True: a frame came.
+    /// an interrupt to our core on every frame. Not on a single CPU, and not for the next
+    /// [`BACK_TO_BACK_PAUSE`] frames after [`BACK_TO_BACK_MISSES`] polls in a row in vain.
+    /// The wake descriptor and the socket are not looked at meanwhile: an unlock, an event or
+    /// the end waits for the poll's end (500 µs at most). True: a frame came.
     #[link_section = ".text.hot.gpushm"]
     fn poll_back_to_back(&mut self, timeout: Option<Duration>) -> bool {
-        if !std::mem::take(&mut self.waiting.back_to_back_poll)
+        // A look without waiting (a zero timeout) does not spend the frame's poll.
+        if timeout.is_some_and(|t| t.is_zero())
+            || !std::mem::take(&mut self.waiting.back_to_back_poll)
             || self.waiting.live
+            || !self.waiting.back_to_back_cpus
             || self.waiting.always_wake.load(Ordering::Relaxed)
         {
+            return false;
+        }
+        if self.waiting.back_to_back_pause > 0 {
+            self.waiting.back_to_back_pause -= 1;
             return false;
         }
         let Some(interval) = self.waiting.cadence.interval() else {
@@ -283,10 +310,16 @@ impl Subscriber {
         loop {
             if ch.has_delivery() {
                 self.waiting.back_to_back_stats.caught += 1;
+                self.waiting.back_to_back_misses = 0;
                 return true;
             }
             if Instant::now() >= end {
                 self.waiting.back_to_back_stats.missed += 1;
+                self.waiting.back_to_back_misses += 1;
+                if self.waiting.back_to_back_misses >= BACK_TO_BACK_MISSES {
+                    self.waiting.back_to_back_misses = 0;
+                    self.waiting.back_to_back_pause = BACK_TO_BACK_PAUSE;
+                }
                 return false;
             }
             for _ in 0..16 {

@@ -44,9 +44,10 @@
 //! consumer pinned to two CPUs, `--no-aslr`: consumers at the same addresses every run),
 //! `bench cold [--frames N] [--evict-mib M] [--sleep-us U]` (what taking a frame costs after a
 //! sleep and a cache eviction; capi/bench/c_cold.c measures the C call the same way),
-//! `bench throughput [--rounds 3] [--scale 1] [--pin]` (throughput only, long runs, rounds
-//! alternating gpushm, shm and unixfd in pool and copy mode, with the producer's CPU time,
-//! page faults and sleeps a frame, and medians),
+//! `bench throughput [--rounds 3] [--scale 1] [--pin] [--pool-only] [--compare "CMD"]`
+//! (throughput only, long runs, rounds alternating gpushm, shm and unixfd in pool and copy
+//! mode, with the producer's CPU time, page faults and sleeps a frame, the consumer's CPU time,
+//! and medians; `--compare`: gpushm of another build too, see src/throughput.rs),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory).
 

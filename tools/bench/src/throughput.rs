@@ -31,11 +31,19 @@ struct Figures {
     cpu: Vec<f64>,
     faults: Vec<f64>,
     sleeps: Vec<f64>,
+    /// The consumer's CPU time a frame (NaN for the producer alone).
+    consumer_cpu: Vec<f64>,
 }
 
 impl Figures {
-    fn push(&mut self, producer: &Option<crate::measure::Fields>, percent: f64) {
+    fn push(
+        &mut self,
+        producer: &Option<crate::measure::Fields>,
+        consumer: &Option<crate::measure::Fields>,
+        percent: f64,
+    ) {
         self.percent.push(percent);
+        self.consumer_cpu.push(f(consumer, "cpu_us_per_frame"));
         self.cpu.push(f(producer, "cpu_us_per_frame"));
         self.faults.push(f(producer, "faults_per_frame"));
         self.sleeps.push(f(producer, "sleeps_per_frame"));
@@ -81,8 +89,8 @@ pub fn throughput(args: &[String]) {
     if let Some(c) = &compare {
         println!("`{COMPARED}`: gpushm run by `{}`.\n", c.join(" "));
     }
-    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | faults/frame | sleeps/frame |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | consumer CPU µs/frame | producer faults/frame | producer sleeps/frame |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     // [size][mode][transport], and the producer alone [size].
     let mut figs = vec![vec![vec![Figures::default(); transports.len()]; 2]; sizes.len()];
     let mut alone = vec![Figures::default(); sizes.len()];
@@ -92,7 +100,7 @@ pub fn throughput(args: &[String]) {
             let alone_run = |when: &str| {
                 let a = run("none", w, h, frames, 0, false, false);
                 println!(
-                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | {:.2} | {:.2} |",
+                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | | {:.2} | {:.2} |",
                     round + 1,
                     f(&a.producer, "fps"),
                     f(&a.producer, "cpu_us_per_frame"),
@@ -132,16 +140,17 @@ pub fn throughput(args: &[String]) {
             let b = alone_run("after");
             let own = (f(&a.producer, "fps") + f(&b.producer, "fps")) / 2.0;
             alone_fps[si].push(own);
-            alone[si].push(&a.producer, 100.0);
-            alone[si].push(&b.producer, 100.0);
+            alone[si].push(&a.producer, &None, 100.0);
+            alone[si].push(&b.producer, &None, 100.0);
             for (mi, mode, ti, t, r) in runs {
                 let delivered = f(&r.consumer, "fps");
                 let percent = 100.0 * delivered / own;
-                figs[si][mi][ti].push(&r.producer, percent);
+                figs[si][mi][ti].push(&r.producer, &r.consumer, percent);
                 println!(
-                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.2} | {:.2} |",
+                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.0} | {:.2} | {:.2} |",
                     round + 1,
                     f(&r.producer, "cpu_us_per_frame"),
+                    f(&r.consumer, "cpu_us_per_frame"),
                     f(&r.producer, "faults_per_frame"),
                     f(&r.producer, "sleeps_per_frame"),
                 );
@@ -150,8 +159,8 @@ pub fn throughput(args: &[String]) {
     }
     println!("\n## Medians of {rounds} round(s)\n");
     let cols = transports.join(" / ");
-    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | faults/frame: alone / {cols} | sleeps/frame: alone / {cols} |");
-    println!("|---|---|---|---|---|---|---|");
+    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} |");
+    println!("|---|---|---|---|---|---|---|---|");
     for (si, &(name, ..)) in sizes.iter().enumerate() {
         for (mi, mode) in ["pool", "copy"].into_iter().enumerate().take(modes.len()) {
             let row = |pick: fn(&Figures) -> &Vec<f64>, digits: usize, with_alone: bool| {
@@ -168,10 +177,11 @@ pub fn throughput(args: &[String]) {
                 v.join(" / ")
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {} | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} |",
                 median(&alone_fps[si]),
                 row(|x| &x.percent, 1, false),
                 row(|x| &x.cpu, 0, true),
+                row(|x| &x.consumer_cpu, 0, false),
                 row(|x| &x.faults, 2, true),
                 row(|x| &x.sleeps, 2, true),
             );
