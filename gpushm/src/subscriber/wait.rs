@@ -322,9 +322,9 @@ impl Subscriber {
                 }
                 return false;
             }
-            for _ in 0..16 {
-                std::hint::spin_loop();
-            }
+            // Give the CPU to whatever else may run on it: with more consumers than spare
+            // cores, a spinning one would keep the producer from the frame it waits for.
+            std::thread::yield_now();
         }
     }
 
