@@ -118,8 +118,9 @@ pub(super) struct Waiting {
     pub back_to_back_poll: bool,
     /// Those polls: frames they caught, and polls that ended without one.
     pub back_to_back_stats: SpinStats,
-    /// This process may run on more than one CPU: polling cannot keep the producer from its
-    /// own (see [`BACK_TO_BACK_POLL`]).
+    /// This process may use more than one CPU (its affinity and its cgroup's quota, as
+    /// `available_parallelism` reads them): polling cannot keep the producer from its own (see
+    /// [`BACK_TO_BACK_POLL`]).
     pub back_to_back_cpus: bool,
     /// Polls in a row that ended without a frame, and the frames still to wait for asleep
     /// after [`BACK_TO_BACK_MISSES`] of them.
@@ -146,14 +147,7 @@ impl Waiting {
             live: true,
             back_to_back_poll: false,
             back_to_back_stats: SpinStats::default(),
-            back_to_back_cpus: nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
-                .map(|set| {
-                    (0..nix::sched::CpuSet::count())
-                        .filter(|&c| set.is_set(c).unwrap_or(false))
-                        .nth(1)
-                        .is_some()
-                })
-                .unwrap_or(true),
+            back_to_back_cpus: std::thread::available_parallelism().map_or(true, |n| n.get() > 1),
             back_to_back_misses: 0,
             back_to_back_pause: 0,
         }
