@@ -9,6 +9,7 @@ use common::*;
 
 use gst::prelude::*;
 use gstgpushm::sum_planes as sp;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Tests that run gpushm elements in this process take this: one of them counts the
@@ -851,7 +852,29 @@ fn through_a_device_ring(
     sock: &std::path::Path,
     consumer: &str,
 ) -> (Vec<(gst::Buffer, gst::Caps)>, Vec<gst::Structure>) {
+    let (frames, msgs, _) = through_a_device_ring_with_stats(launch, sock, consumer, |_| {});
+    (frames, msgs)
+}
+
+/// [`through_a_device_ring`], calling `on_sink` with the producer's gpushmsink before it
+/// starts, and also returning the sink's `stats` at its EOS.
+fn through_a_device_ring_with_stats(
+    launch: &str,
+    sock: &std::path::Path,
+    consumer: &str,
+    on_sink: impl FnOnce(&gst::Element),
+) -> (
+    Vec<(gst::Buffer, gst::Caps)>,
+    Vec<gst::Structure>,
+    gst::Structure,
+) {
+    init();
     let producer = gst::parse::launch(launch).unwrap();
+    let sink = producer
+        .downcast_ref::<gst::Bin>()
+        .and_then(|b| b.iterate_sinks().into_iter().flatten().next())
+        .expect("the producer's gpushmsink");
+    on_sink(&sink);
     producer.set_state(gst::State::Playing).unwrap();
     wait_for_path(sock, Duration::from_secs(10));
     let refused = gpushm::subscriber::Subscriber::connect(sock, Default::default())
@@ -896,13 +919,14 @@ fn through_a_device_ring(
         gst::ClockTime::from_seconds(30),
         &[gst::MessageType::Eos, gst::MessageType::Error],
     );
+    let stats = sink.property::<gst::Structure>("stats");
     producer.set_state(gst::State::Null).unwrap();
     match end.as_ref().map(|m| m.view()) {
         Some(gst::MessageView::Eos(_)) => {}
         Some(gst::MessageView::Error(e)) => panic!("producer: {} {:?}", e.error(), e.debug()),
         _ => panic!("the producer did not finish"),
     }
-    (frames, msgs)
+    (frames, msgs, stats)
 }
 
 /// CUDA memory in: `cudaupload ! video/x-raw(memory:CUDAMemory) ! gpushmsink` (ring=auto, the
@@ -932,6 +956,88 @@ fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
     assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
 }
 
+/// Which of GST_CUDA_MEMORY_TRANSFER_NEED_DOWNLOAD's bit (gst/cuda/gstcudamemory.h): set
+/// while a GstCudaMemory's host copy is stale; mapping it for the CPU downloads the frame and
+/// clears it.
+const CUDA_NEED_DOWNLOAD: u32 = gst::ffi::GST_MEMORY_FLAG_LAST;
+
+/// Keeps the memory of the last buffer that reaches `element`'s sink pad (only the last: a
+/// frame held keeps its slot), to look at once the stream ended.
+fn keep_last_memory(element: &gst::Element) -> Arc<Mutex<Option<gst::Memory>>> {
+    let last: Arc<Mutex<Option<gst::Memory>>> = Arc::default();
+    let l = last.clone();
+    element
+        .static_pad("sink")
+        .unwrap()
+        .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
+            if let Some(b) = info.buffer() {
+                *l.lock().unwrap() = (b.n_memory() == 1).then(|| b.peek_memory(0).to_owned());
+            }
+            gst::PadProbeReturn::Ok
+        });
+    last
+}
+
+/// CUDA elements upstream render into the device ring's slots (GStreamer 1.24+): cudaupload
+/// and cudaconvert get gpushmsink's GstCudaBufferPool over the slots and write each frame in
+/// place, published without a copy (stats: frames-copied 0). On 1.22, which cannot wrap device
+/// memory, each frame is copied on the GPU as before. Either way the frames equal the CPU's,
+/// and the sink never maps a frame in CUDA memory for the CPU (which downloads it: the memory's
+/// NEED_DOWNLOAD flag, set by the writer, is still set after the sink had it).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_elements_render_into_device_ring_slots() {
+    gpu("cuda_elements_render_into_device_ring_slots");
+    let _serial = in_process();
+    let dir = tmpdir();
+    for (name, chain, format) in [
+        (
+            "upload",
+            "cudaupload ! video/x-raw(memory:CUDAMemory)",
+            "NV12",
+        ),
+        (
+            "convert",
+            "cudaupload ! cudaconvert ! video/x-raw(memory:CUDAMemory),format=I420",
+            "I420",
+        ),
+    ] {
+        let sock = dir.path().join(format!("{name}.sock"));
+        let launch = format!(
+            "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+             ! {chain} ! gpushmsink name=sink socket-path={} wait-for-connection=true",
+            sock.display()
+        );
+        let mut last = None;
+        let (frames, _, stats) = through_a_device_ring_with_stats(
+            &launch,
+            &sock,
+            &format!(
+                "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
+                sock.display()
+            ),
+            |sink| last = Some(keep_last_memory(sink)),
+        );
+        assert_eq!(frames.len(), 30, "{name}");
+        assert_same_as_videotestsrc(&frames, "pattern=ball", format, 320, 240);
+        let sent = stats.get::<u64>("frames-sent").unwrap();
+        let copied = stats.get::<u64>("frames-copied").unwrap();
+        assert_eq!(sent, 30, "{name}: {stats}");
+        if wraps_cuda_memory() {
+            assert_eq!(copied, 0, "{name}: rendered in place on 1.24+: {stats}");
+        } else {
+            assert_eq!(copied, 30, "{name}: copied on 1.22: {stats}");
+        }
+        let mem = last
+            .and_then(|l| l.lock().unwrap().take())
+            .expect("a frame reached the sink");
+        assert!(
+            mem.flags().bits() & CUDA_NEED_DOWNLOAD != 0,
+            "{name}: the sink mapped a frame in CUDA memory for the CPU (downloaded it)"
+        );
+    }
+}
+
 /// The line from the issue: `nvh264dec ! gpushmsink`, no cudadownload, no capsfilter. The
 /// decoded frames stay on the GPU (a device ring) and reach a gpushmsrc consumer equal to
 /// a software decoder's, frame for frame.
@@ -956,7 +1062,8 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
         file.display()
     ));
     let sock = dir.path().join("nvdec.sock");
-    let (frames, _) = through_a_device_ring(
+    let mut last = None;
+    let (frames, _, stats) = through_a_device_ring_with_stats(
         &format!(
             "filesrc location={} ! h264parse ! nvh264dec ! gpushmsink socket-path={} wait-for-connection=true",
             file.display(),
@@ -968,7 +1075,20 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
              ! appsink name=out sync=false max-buffers=0",
             sock.display()
         ),
+        |sink| last = Some(keep_last_memory(sink)),
     );
+    // nvh264dec hands its own surfaces (1.24+) or its own pool's buffers (1.22), never
+    // writing into a downstream pool: each frame is copied on the GPU, never through the host
+    // (the sink does not map the decoder's memory for the CPU, which would download it).
+    assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 30, "{stats}");
+    let mem = last
+        .and_then(|l| l.lock().unwrap().take())
+        .expect("a frame reached the sink");
+    assert!(
+        mem.flags().bits() & CUDA_NEED_DOWNLOAD != 0,
+        "the sink mapped a decoded frame for the CPU (downloaded it)"
+    );
+    drop(mem);
     let (reference, _) = run(&format!(
         "filesrc location={} ! h264parse ! {soft} ! videoconvert ! video/x-raw,format=I420 \
          ! appsink name=out sync=false max-buffers=0",

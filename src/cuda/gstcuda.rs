@@ -90,6 +90,7 @@ struct Fns {
         Ctx,
     ) -> glib::ffi::gboolean,
     buffer_pool_new: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstBufferPool,
+    buffer_pool_get_type: unsafe extern "C" fn() -> glib::ffi::GType,
     is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
     context_new_wrapped: unsafe extern "C" fn(*mut std::ffi::c_void, c_int) -> Ctx,
     context_new_cuda_context: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstContext,
@@ -99,6 +100,19 @@ struct Fns {
     alloc_wrapped: Option<AllocWrapped>,
     /// `gst_cuda_memory_get_stream` and `gst_cuda_stream_get_handle` (1.24+); `None` before.
     stream_of: Option<StreamOf>,
+    /// What a pool of wrapped memory needs besides `alloc_wrapped` (1.24+); `None` before.
+    pool_streams: Option<PoolStreams>,
+}
+
+/// `GstCudaStream *gst_buffer_pool_config_get_cuda_stream (GstStructure *)`,
+/// `void gst_cuda_stream_unref (GstCudaStream *)` and
+/// `void gst_cuda_memory_sync (GstCudaMemory *)`, all 1.24+.
+#[derive(Clone, Copy)]
+struct PoolStreams {
+    config_get_cuda_stream:
+        unsafe extern "C" fn(*mut gst::ffi::GstStructure) -> *mut std::ffi::c_void,
+    stream_unref: unsafe extern "C" fn(*mut std::ffi::c_void),
+    memory_sync: unsafe extern "C" fn(*mut gst::ffi::GstMemory),
 }
 
 /// `GstCudaStream *gst_cuda_memory_get_stream (GstCudaMemory *)` and
@@ -143,6 +157,7 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
             handle_set_context: *lib.get(b"gst_cuda_handle_set_context\0")?,
             handle_context_query: *lib.get(b"gst_cuda_handle_context_query\0")?,
             buffer_pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0")?,
+            buffer_pool_get_type: *lib.get(b"gst_cuda_buffer_pool_get_type\0")?,
             is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
             context_new_wrapped: *lib.get(b"gst_cuda_context_new_wrapped\0")?,
             context_new_cuda_context: *lib.get(b"gst_context_new_cuda_context\0")?,
@@ -160,6 +175,15 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
                     memory_get_stream,
                     stream_get_handle,
                 }),
+            pool_streams: (|| -> Result<PoolStreams, libloading::Error> {
+                Ok(PoolStreams {
+                    config_get_cuda_stream: *lib
+                        .get(b"gst_buffer_pool_config_get_cuda_stream\0")?,
+                    stream_unref: *lib.get(b"gst_cuda_stream_unref\0")?,
+                    memory_sync: *lib.get(b"gst_cuda_memory_sync\0")?,
+                })
+            })()
+            .ok(),
         })
     }
 }
@@ -379,41 +403,100 @@ fn memory_stream(mem: &gst::MemoryRef) -> u64 {
 
 /// Whether GStreamer's CUDA library here wraps device memory it did not allocate
 /// (`gst_cuda_allocator_alloc_wrapped`, GStreamer 1.24+): device-ring frames then go out in
-/// CUDA memory without a copy. The reason otherwise.
+/// CUDA memory without a copy, and upstream CUDA elements render into device-ring slots. The
+/// reason otherwise.
 pub fn can_wrap() -> Result<(), String> {
     let l = lib()?;
-    match l.f.alloc_wrapped {
-        Some(_) => Ok(()),
-        None => Err(format!(
+    match (l.f.alloc_wrapped, l.f.pool_streams) {
+        (Some(_), Some(_)) => Ok(()),
+        _ => Err(format!(
             "GStreamer {} cannot wrap device memory (gst_cuda_allocator_alloc_wrapped is 1.24+)",
             gst::version_string()
         )),
     }
 }
 
+/// Who a wrapped memory is for ([`wrap_device_memory`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WrapFor {
+    /// A frame consumers share (gpushmsrc's output): read-only, and the GPU work queued in
+    /// the context is waited for before `keep` goes. GStreamer's CUDA elements let go of an
+    /// input buffer as soon as they have queued the kernels that read it (cudaconvert on its
+    /// output's stream), and the frame must not go back to the producer, which may overwrite
+    /// it, while one of them still reads.
+    Reading,
+    /// A free slot lent to an upstream CUDA element to render into (gpushmsink's pool):
+    /// writable, and `keep` goes as soon as the memory is freed. Its writes are waited for
+    /// before the frame is published ([`sync_memory`]); a slot freed unpublished is written
+    /// next by the same element, on the same stream.
+    Writing,
+}
+
+/// A `GstCudaStream` reference (1.24+): the stream a CUDA element orders its work on.
+pub struct Stream(std::ptr::NonNull<std::ffi::c_void>);
+
+// SAFETY: a GstCudaStream is a refcounted mini object; its calls are thread-safe.
+unsafe impl Send for Stream {}
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// The stream a buffer pool `config` carries (`gst_buffer_pool_config_get_cuda_stream`,
+    /// set by the CUDA element that configures the pool); `None` without one or before 1.24.
+    pub fn of_pool_config(config: &gst::StructureRef) -> Option<Stream> {
+        let s = lib().ok()?.f.pool_streams?;
+        // SAFETY: a live structure, only read; a new (full) reference or NULL comes back.
+        let p = unsafe { (s.config_get_cuda_stream)(config.as_ptr() as *mut _) };
+        std::ptr::NonNull::new(p).map(Stream)
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Some(s) = lib().ok().and_then(|l| l.f.pool_streams) {
+            // SAFETY: the reference this holds, given back once.
+            unsafe { (s.stream_unref)(self.0.as_ptr()) };
+        }
+    }
+}
+
+/// Waits for the GPU work queued on `mem`'s stream that wrote it
+/// (`gst_cuda_memory_sync`, 1.24+): a frame an upstream CUDA element rendered into a slot is
+/// published only once it is written. Nothing to wait for on a memory without a stream (its
+/// writer synchronized), of another kind, or before 1.24.
+pub fn sync_memory(mem: &gst::MemoryRef) {
+    let Some(s) = lib().ok().and_then(|l| l.f.pool_streams) else {
+        return;
+    };
+    if is_cuda_memory(mem) {
+        // SAFETY: a live GstCudaMemory; the call takes its own lock.
+        unsafe { (s.memory_sync)(mem.as_mut_ptr()) };
+    }
+}
+
 /// Wraps device memory at `dev_ptr`, laid out as `info` says (its offsets, strides and size
-/// are the frame's), in a read-only GstCudaMemory of `ctx`, without copying. `keep` is dropped
-/// when GStreamer frees the memory (and its shares): it keeps `dev_ptr` valid until then.
-/// `keep` comes back when the memory cannot be made (GStreamer before 1.24, or a refusal).
-///
-/// Before `keep` goes, the GPU work queued in `ctx` is waited for: GStreamer's CUDA elements
-/// let go of an input buffer as soon as they have queued the kernels that read it (cudaconvert
-/// on its output's stream), and the frame must not go back to the producer, which may
-/// overwrite it, while one of them still reads.
+/// are the frame's), in a GstCudaMemory of `ctx` ordered on `stream`, without copying. `keep`
+/// is dropped when GStreamer frees the memory (and its shares): it keeps `dev_ptr` valid until
+/// then. `keep` comes back when the memory cannot be made (GStreamer before 1.24, or a
+/// refusal). `what` says whether the memory is a frame to read or a slot to write.
 pub fn wrap_device_memory<K: Send + 'static>(
     ctx: &Context,
+    stream: Option<&Stream>,
     info: &gst_video::ffi::GstVideoInfo,
     dev_ptr: u64,
     keep: Box<K>,
+    what: WrapFor,
 ) -> Result<gst::Memory, Box<K>> {
     struct Kept<K> {
         ctx: Context,
+        what: WrapFor,
         keep: Box<K>,
     }
     unsafe extern "C" fn destroy<K>(data: glib::ffi::gpointer) {
         // SAFETY: `data` is the Box leaked below, given back exactly once by GStreamer.
         let kept = unsafe { Box::from_raw(data as *mut Kept<K>) };
-        finish_queued_work(&kept.ctx);
+        if kept.what == WrapFor::Reading {
+            finish_queued_work(&kept.ctx);
+        }
         drop(kept);
     }
     let Some(f) = lib().ok().and_then(|l| l.f.alloc_wrapped) else {
@@ -421,16 +504,18 @@ pub fn wrap_device_memory<K: Send + 'static>(
     };
     let data = Box::into_raw(Box::new(Kept {
         ctx: ctx.clone(),
+        what,
         keep,
     }));
-    // SAFETY: a live context and info; `dev_ptr` stays valid while `keep` lives, which
-    // GStreamer drops only when it frees the memory (it calls `destroy` then, and never
-    // frees `dev_ptr` itself when a notify is given).
+    // SAFETY: a live context, stream and info; `dev_ptr` stays valid while `keep` lives,
+    // which GStreamer drops only when it frees the memory (it calls `destroy` then, and never
+    // frees `dev_ptr` itself when a notify is given). The memory takes its own reference to
+    // the stream.
     let mem = unsafe {
         f(
             std::ptr::null_mut(),
             ctx.as_ptr(),
-            std::ptr::null_mut(),
+            stream.map_or(std::ptr::null_mut(), |s| s.0.as_ptr()),
             info,
             dev_ptr,
             data as glib::ffi::gpointer,
@@ -441,12 +526,66 @@ pub fn wrap_device_memory<K: Send + 'static>(
         // SAFETY: GStreamer refused before taking `data`: it is still ours.
         return Err(unsafe { Box::from_raw(data) }.keep);
     }
-    // SAFETY: a new memory we hold the only reference to. Read-only: the frame is shared
-    // with every consumer (and the ring is mapped read-only on the GPU), so a writable map
-    // fails and elements that write make their own copy.
+    if what == WrapFor::Reading {
+        // SAFETY: a new memory we hold the only reference to. Read-only: the frame is shared
+        // with every consumer (and the ring is mapped read-only on the GPU), so a writable
+        // map fails and elements that write make their own copy.
+        unsafe { (*mem).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY };
+    }
+    // SAFETY: a new memory, whose one reference is ours.
+    Ok(unsafe { from_glib_full(mem) })
+}
+
+/// The GstCudaContext a GstContext (`gst.cuda.context`) carries.
+pub fn context_of(context: &gst::Context) -> Option<Context> {
+    if context.context_type() != CONTEXT_TYPE {
+        return None;
+    }
+    context
+        .structure()
+        .get::<gst::Object>(CONTEXT_TYPE)
+        .ok()
+        .map(Context)
+}
+
+/// The CUDA context the element upstream of `pad` runs in, if it answers a CONTEXT query
+/// (GStreamer's CUDA elements do, once they have one).
+pub fn upstream_context(pad: &gst::Pad) -> Option<Context> {
+    lib().ok()?;
+    let mut q = gst::query::Context::new(CONTEXT_TYPE);
+    if !pad.peer_query(&mut q) {
+        return None;
+    }
+    q.context().and_then(|c| context_of(&c.to_owned()))
+}
+
+/// The `GstCudaBufferPool` type, the parent of a pool CUDA elements accept
+/// (`GST_IS_CUDA_BUFFER_POOL`).
+pub fn buffer_pool_type() -> Result<glib::ffi::GType, String> {
+    let l = lib()?;
+    // SAFETY: a plain type getter.
+    Ok(unsafe { (l.f.buffer_pool_get_type)() })
+}
+
+/// The public instance struct of a `GstCudaBufferPool` (gstcudabufferpool.h, 1.22 to 1.26).
+#[repr(C)]
+struct CudaBufferPoolFields {
+    parent: gst::ffi::GstBufferPool,
+    context: Ctx,
+    priv_: glib::ffi::gpointer,
+}
+
+/// Sets the context of `pool`, a new instance of a `GstCudaBufferPool` subclass, as
+/// `gst_cuda_buffer_pool_new` does: CUDA elements keep a pool proposed to them only when its
+/// context is theirs. The pool's dispose lets go of it.
+///
+/// # Safety
+/// `pool` is a `GstCudaBufferPool` (or subclass) no other thread sees yet, with no context.
+pub unsafe fn set_pool_context(pool: *mut gst::ffi::GstBufferPool, ctx: &Context) {
+    // SAFETY: the caller's contract; the struct is the public one of the header.
     unsafe {
-        (*mem).mini_object.flags |= gst::ffi::GST_MEMORY_FLAG_READONLY;
-        Ok(from_glib_full(mem))
+        let fields = pool as *mut CudaBufferPoolFields;
+        (*fields).context = gst::ffi::gst_object_ref(ctx.as_ptr() as *mut _) as Ctx;
     }
 }
 

@@ -498,9 +498,23 @@ impl BaseSinkImpl for GpuShmSink {
             },
         ) = (caps, &*state)
         {
-            // (Not for CUDA memory: upstream allocates that itself.)
-            if &caps == cur && !pool.is_active() && !caps.features(0).is_some_and(cuda_memory) {
-                let n = pool.ring().map_or(0, |r| r.slot_count());
+            let n = pool.ring().map_or(0, |r| r.slot_count());
+            if &caps != cur {
+            } else if caps.features(0).is_some_and(cuda_memory) {
+                // CUDA memory: a CUDA element upstream renders into the device ring's slots
+                // through a GstCudaBufferPool of its context (GStreamer 1.24+); otherwise it
+                // allocates its own and each frame is copied on the GPU.
+                match super::cuda_pool::for_upstream(
+                    &self
+                        .obj()
+                        .static_pad("sink")
+                        .ok_or_else(|| gst::loggable_error!(CAT, "no sink pad"))?,
+                    pool,
+                ) {
+                    Ok(p) => query.add_allocation_pool(Some(&p), info.size() as u32, 0, n),
+                    Err(why) => gst::debug!(CAT, imp = self, "no CUDA pool proposed: {why}"),
+                }
+            } else if !pool.is_active() {
                 query.add_allocation_pool(Some(pool), info.size() as u32, 0, n);
             }
         }

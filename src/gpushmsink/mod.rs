@@ -6,6 +6,8 @@ use gst::prelude::*;
 mod caps;
 /// Copies of buffers into ring slots (system and CUDA memory), and to a device ring's GPU.
 mod copy;
+/// The pool CUDA elements upstream render into: device-ring slots as CUDA memory (1.24+).
+mod cuda_pool;
 /// The direct chain around GstBaseSink's chain function, its clipping and positions.
 mod direct;
 /// Tags and custom events passed on to consumers in order with the buffers.

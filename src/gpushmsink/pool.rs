@@ -70,6 +70,38 @@ impl SlotPool {
         let ring = self.ring()?;
         slot_of_buffer(&ring, buffer)
     }
+
+    /// A buffer of this pool (through `gst_buffer_pool_acquire_buffer`, so that it comes back
+    /// here), waiting for one as `acquire_buffer` does unless `dontwait`, but giving up with
+    /// `Flushing` once `cancelled` says so: for another pool that lends our slots
+    /// ([`super::cuda_pool`]), flushed on its own. Its flushing calls [`Self::wake`].
+    pub fn acquire_unless(
+        &self,
+        dontwait: bool,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<gst::Buffer, gst::FlowError> {
+        let now = gst::BufferPoolAcquireParams::with_flags(gst::BufferPoolAcquireFlags::DONTWAIT);
+        let imp = self.imp();
+        let seen = imp.changes();
+        match gst::prelude::BufferPoolExtManual::acquire_buffer(self, Some(&now)) {
+            Err(gst::FlowError::Eos) if !dontwait => {}
+            r => return r,
+        }
+        imp.wait_for_slots(seen, || {
+            if cancelled() {
+                return Some(Err(gst::FlowError::Flushing));
+            }
+            match gst::prelude::BufferPoolExtManual::acquire_buffer(self, Some(&now)) {
+                Err(gst::FlowError::Eos) => None,
+                r => Some(r),
+            }
+        })
+    }
+
+    /// Wakes a wait in [`Self::acquire_unless`] to look at its `cancelled` again.
+    pub fn wake(&self) {
+        self.imp().bump();
+    }
 }
 
 /// Registers a whole ring with `dev`, once (it stays attached to the ring, and is dropped
@@ -149,7 +181,9 @@ pub fn slot_of_buffer(ring: &ProducerRing, buffer: &gst::BufferRef) -> Option<u3
         return None;
     }
     let mem = buffer.peek_memory(0);
-    if mem.offset() != 0 {
+    // Slots are system memory (wrap_slot_memory). Mapping other memory for the CPU to find out
+    // may cost a copy: a GstCudaMemory is downloaded to the host when mapped so.
+    if mem.offset() != 0 || !mem.is_type("SystemMemory") {
         return None;
     }
     let map = mem.map_readable().ok()?;
@@ -286,7 +320,7 @@ mod imp {
             self.bump();
         }
 
-        fn bump(&self) {
+        pub(super) fn bump(&self) {
             self.changes.fetch_add(1, Ordering::SeqCst);
             // A waiter counts itself before it looks at `changes`: either it sees this bump,
             // or it is counted here and gets the notification (under the lock it waits with).
@@ -296,8 +330,36 @@ mod imp {
             }
         }
 
-        fn changes(&self) -> u64 {
+        pub(super) fn changes(&self) -> u64 {
             self.changes.load(Ordering::SeqCst)
+        }
+
+        /// Every slot is out: waits for one to come free, `try_now` after each change (or
+        /// 50 ms) until it returns a result. `seen` is [`Self::changes`] from before the look
+        /// that found none.
+        pub(super) fn wait_for_slots(
+            &self,
+            mut seen: u64,
+            mut try_now: impl FnMut() -> Option<Result<gst::Buffer, gst::FlowError>>,
+        ) -> Result<gst::Buffer, gst::FlowError> {
+            // Consumers do not wake the producer for each release: take back what they
+            // released, and have them wake it while we wait. GstBufferPool's own wait would
+            // miss a slot that comes free without a buffer coming back (its memory outlived
+            // the buffer), so the wait is ours; the timeout is only a safety net.
+            let server = self
+                .state
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .server
+                .upgrade();
+            let _waiting = server.as_ref().map(|s| s.want_releases());
+            loop {
+                self.wait_change(seen, Duration::from_millis(50));
+                seen = self.changes();
+                if let Some(r) = try_now() {
+                    return r;
+                }
+            }
         }
 
         /// Waits until [`Self::bump`] moved past `seen`, at most `timeout`.
@@ -372,32 +434,16 @@ mod imp {
                 gst::BufferPoolAcquireParams::with_flags(gst::BufferPoolAcquireFlags::empty())
             });
             now.set_flags(flags | gst::BufferPoolAcquireFlags::DONTWAIT);
-            let mut seen = self.changes();
+            let seen = self.changes();
             match self.acquire_now(&now) {
                 Err(gst::FlowError::Eos)
                     if !flags.contains(gst::BufferPoolAcquireFlags::DONTWAIT) => {}
                 r => return r,
             }
-            // Every slot is out. Consumers do not wake the producer for each release: take
-            // back what they released, and have them wake it while we wait. GstBufferPool's
-            // own wait would miss a slot that comes free without a buffer coming back (its
-            // memory outlived the buffer), so the wait is ours; the timeout is only a
-            // safety net.
-            let server = self
-                .state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .server
-                .upgrade();
-            let _waiting = server.as_ref().map(|s| s.want_releases());
-            loop {
-                self.wait_change(seen, Duration::from_millis(50));
-                seen = self.changes();
-                match self.acquire_now(&now) {
-                    Err(gst::FlowError::Eos) => {}
-                    r => return r,
-                }
-            }
+            self.wait_for_slots(seen, || match self.acquire_now(&now) {
+                Err(gst::FlowError::Eos) => None,
+                r => Some(r),
+            })
         }
 
         fn flush_start(&self) {
@@ -514,5 +560,79 @@ mod imp {
             self.keep_free(buffer);
             self.bump();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gst::prelude::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
+
+    /// [`SlotPool::acquire_unless`], what the CUDA pool lends slots with: a free slot at once;
+    /// none left and `dontwait`, `Eos`; none left, it waits until one comes back; and a wait
+    /// given up as soon as the other pool is flushed (`cancelled`, then [`SlotPool::wake`]),
+    /// with `Flushing`, not after a slot came back.
+    #[test]
+    fn acquire_unless_waits_for_a_slot_and_gives_up_when_cancelled() {
+        gst::init().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let server = Server::start(
+            &dir.path().join("s.sock"),
+            gpushm::server::Config::default(),
+            Box::new(|_| {}),
+        )
+        .unwrap();
+        let caps = gst::Caps::builder("video/x-raw")
+            .field("format", "GRAY8")
+            .field("width", 64)
+            .field("height", 64)
+            .field("framerate", gst::Fraction::new(25, 1))
+            .build();
+        let ring = server
+            .new_ring(2, 4096, &caps.to_string(), Arc::new(|_| {}), &|_| Ok(()))
+            .unwrap();
+        let pool = SlotPool::new(ring, Arc::downgrade(&server), None);
+        let mut config = pool.config();
+        config.set_params(Some(&caps), 4096, 0, 0);
+        pool.set_config(config).unwrap();
+        pool.set_active(true).unwrap();
+        let never = || false;
+        let a = pool.acquire_unless(false, &never).unwrap();
+        let b = pool.acquire_unless(false, &never).unwrap();
+        assert_ne!(pool.slot_of(&a), pool.slot_of(&b));
+        assert_eq!(
+            pool.acquire_unless(true, &never).unwrap_err(),
+            gst::FlowError::Eos
+        );
+        // One comes back while we wait.
+        let slot_a = pool.slot_of(&a);
+        let back = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            drop(a);
+        });
+        let c = pool.acquire_unless(false, &never).unwrap();
+        assert_eq!(pool.slot_of(&c), slot_a);
+        back.join().unwrap();
+        // Cancelled while we wait: given up, though nothing came back.
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (p, flag) = (pool.clone(), cancel.clone());
+        let flusher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            flag.store(true, Ordering::SeqCst);
+            p.wake();
+        });
+        let t = Instant::now();
+        assert_eq!(
+            pool.acquire_unless(false, &|| cancel.load(Ordering::SeqCst))
+                .unwrap_err(),
+            gst::FlowError::Flushing
+        );
+        assert!(t.elapsed() < Duration::from_secs(30));
+        flusher.join().unwrap();
+        drop((b, c));
+        pool.set_active(false).unwrap();
+        server.stop();
     }
 }

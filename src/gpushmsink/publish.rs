@@ -188,8 +188,12 @@ impl GpuShmSink {
         };
         // Upstream rendered into one of our slots: published as it is, unless consumers
         // still hold that slot (upstream pushed the same buffer again) or it is of an
-        // earlier ring.
-        if let Some(slot) = super::pool::slot_of_buffer(ring, buffer) {
+        // earlier ring. In CUDA memory, once the GPU wrote it (cuda_pool).
+        let rendered = match cuda_input {
+            true => super::cuda_pool::written_slot(ring, buffer),
+            false => super::pool::slot_of_buffer(ring, buffer),
+        };
+        if let Some(slot) = rendered {
             let meta =
                 self.timing
                     .frame_meta(&self.obj(), buffer, info.as_deref(), template.as_ref());

@@ -346,8 +346,15 @@ impl GpuShmSrc {
         let geometry = gpushm::format::FrameGeometry::of_frame(&f.meta, &f.caps).ok()?;
         textures::wrappable(&geometry, src, mem.device()).ok()?;
         let winfo = wrapped_info(info, &geometry);
-        let m =
-            gstcuda::wrap_device_memory(&out.ctx, &winfo, src, Box::new(buffer.clone())).ok()?;
+        let m = gstcuda::wrap_device_memory(
+            &out.ctx,
+            None,
+            &winfo,
+            src,
+            Box::new(buffer.clone()),
+            gstcuda::WrapFor::Reading,
+        )
+        .ok()?;
         let mut wrapped = gst::Buffer::new();
         let b = wrapped.get_mut()?;
         b.append_memory(m);

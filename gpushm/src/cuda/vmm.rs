@@ -267,6 +267,13 @@ impl DeviceMemory {
         (p >= self.host && p < self.host + self.host_len).then(|| self.ptr + (p - self.host) as u64)
     }
 
+    /// The host address a device address inside the mirrored range mirrors: the inverse of
+    /// [`Self::device_ptr_of`].
+    pub fn host_ptr_of(&self, device_ptr: u64) -> Option<*const u8> {
+        let rel = device_ptr.checked_sub(self.ptr)?;
+        (rel < self.host_len as u64).then(|| (self.host + rel as usize) as *const u8)
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -608,4 +615,17 @@ pub fn device_ptr_of_slot(
     slot: u32,
 ) -> Option<u64> {
     of(ring.attachment())?.device_ptr_of(ring.slot_ptr(slot))
+}
+
+/// The slot of a producer's device ring whose GPU memory starts at `device_ptr`, if `len`
+/// bytes from there fit in it: what a buffer in CUDA memory that an upstream element rendered
+/// into one of the ring's slots is.
+pub fn slot_of_device_ptr(
+    ring: &crate::ring::producer_end::ProducerRing,
+    device_ptr: u64,
+    len: u64,
+) -> Option<u32> {
+    let host = of(ring.attachment())?.host_ptr_of(device_ptr)?;
+    let slot = ring.slot_of_ptr(host)?;
+    (len <= ring.slot_size()).then_some(slot)
 }

@@ -44,7 +44,14 @@ impl Worker {
         let keep = match wrappable {
             Ok(()) => {
                 let winfo = crate::gpushmsrc::cuda::wrapped_info(info, &geometry);
-                match crate::cuda::gstcuda::wrap_device_memory(&out.ctx, &winfo, src, keep) {
+                match crate::cuda::gstcuda::wrap_device_memory(
+                    &out.ctx,
+                    None,
+                    &winfo,
+                    src,
+                    keep,
+                    crate::cuda::gstcuda::WrapFor::Reading,
+                ) {
                     Ok(m) => {
                         let mut buffer = gst::Buffer::new();
                         let b = buffer.get_mut().ok_or("a new buffer is not writable")?;
