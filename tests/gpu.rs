@@ -956,10 +956,18 @@ fn cudaupload_into_gpushmsink_fills_a_device_ring_on_the_gpu() {
     assert_same_as_videotestsrc(&frames, "pattern=ball", "NV12", 320, 240);
 }
 
-/// Which of GST_CUDA_MEMORY_TRANSFER_NEED_DOWNLOAD's bit (gst/cuda/gstcudamemory.h): set
-/// while a GstCudaMemory's host copy is stale; mapping it for the CPU downloads the frame and
-/// clears it.
+/// GST_CUDA_MEMORY_TRANSFER_NEED_DOWNLOAD (gst/cuda/gstcudamemory.h): set while a
+/// GstCudaMemory's host copy is stale; mapping it for the CPU downloads the frame and clears
+/// it.
 const CUDA_NEED_DOWNLOAD: u32 = gst::ffi::GST_MEMORY_FLAG_LAST;
+
+/// Whether `mem`, a GstCudaMemory, would be downloaded if mapped for the CPU: nothing mapped
+/// it so since it was last written on the GPU. (Read raw: gst::MemoryFlags drops the flags
+/// of memory types.)
+fn stale_on_host(mem: &gst::Memory) -> bool {
+    // SAFETY: a live memory's flags, read.
+    unsafe { (*mem.as_ptr()).mini_object.flags & CUDA_NEED_DOWNLOAD != 0 }
+}
 
 /// Keeps the memory of the last buffer that reaches `element`'s sink pad (only the last: a
 /// frame held keeps its slot), to look at once the stream ended.
@@ -978,64 +986,86 @@ fn keep_last_memory(element: &gst::Element) -> Arc<Mutex<Option<gst::Memory>>> {
     last
 }
 
-/// CUDA elements upstream render into the device ring's slots (GStreamer 1.24+): cudaupload
-/// and cudaconvert get gpushmsink's GstCudaBufferPool over the slots and write each frame in
-/// place, published without a copy (stats: frames-copied 0). On 1.22, which cannot wrap device
-/// memory, each frame is copied on the GPU as before. Either way the frames equal the CPU's,
-/// and the sink never maps a frame in CUDA memory for the CPU (which downloads it: the memory's
-/// NEED_DOWNLOAD flag, set by the writer, is still set after the sink had it).
+/// Runs `chain` (CUDA elements ending in CUDA memory of `format`, after videotestsrc's NV12)
+/// into gpushmsink's device ring and checks what the CUDA elements upstream did with the
+/// GstCudaBufferPool over the ring's slots that gpushmsink proposed them:
+/// - on GStreamer 1.24+ they render into the slots, published without a copy
+///   (stats: frames-copied 0);
+/// - on 1.22, which cannot wrap device memory, each frame is copied on the GPU as before;
+/// - either way the frames equal videotestsrc's, and the sink never maps a frame in CUDA
+///   memory for the CPU, which downloads it: the memory's NEED_DOWNLOAD flag, set by its
+///   writer, is still set once the sink had it.
+fn renders_into_device_ring_slots(name: &str, chain: &str, format: &str) {
+    let dir = tmpdir();
+    let sock = dir.path().join(format!("{name}.sock"));
+    let launch = format!(
+        "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
+         ! {chain} ! gpushmsink socket-path={} wait-for-connection=true",
+        sock.display()
+    );
+    let mut last = None;
+    let (frames, _, stats) = through_a_device_ring_with_stats(
+        &launch,
+        &sock,
+        &format!(
+            "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
+            sock.display()
+        ),
+        |sink| last = Some(keep_last_memory(sink)),
+    );
+    assert_eq!(frames.len(), 30, "{name}");
+    assert_same_as_videotestsrc(&frames, "pattern=ball", format, 320, 240);
+    assert_eq!(
+        stats.get::<u64>("frames-sent").unwrap(),
+        30,
+        "{name}: {stats}"
+    );
+    let copied = stats.get::<u64>("frames-copied").unwrap();
+    if wraps_cuda_memory() {
+        assert_eq!(copied, 0, "{name}: rendered in place on 1.24+: {stats}");
+    } else {
+        assert_eq!(copied, 30, "{name}: copied on 1.22: {stats}");
+    }
+    let mem = last
+        .and_then(|l| l.lock().unwrap().take())
+        .expect("a frame reached the sink");
+    assert!(
+        stale_on_host(&mem),
+        "{name}: the sink mapped a frame in CUDA memory for the CPU (downloaded it)"
+    );
+}
+
+/// cudaupload renders into gpushmsink's device-ring slots (see
+/// [`renders_into_device_ring_slots`]).
 #[test]
 #[ignore = "needs a CUDA GPU"]
-fn cuda_elements_render_into_device_ring_slots() {
-    gpu("cuda_elements_render_into_device_ring_slots");
+fn cudaupload_renders_into_device_ring_slots() {
+    gpu("cudaupload_renders_into_device_ring_slots");
     let _serial = in_process();
-    let dir = tmpdir();
-    for (name, chain, format) in [
-        (
-            "upload",
-            "cudaupload ! video/x-raw(memory:CUDAMemory)",
-            "NV12",
-        ),
-        (
-            "convert",
-            "cudaupload ! cudaconvert ! video/x-raw(memory:CUDAMemory),format=I420",
-            "I420",
-        ),
-    ] {
-        let sock = dir.path().join(format!("{name}.sock"));
-        let launch = format!(
-            "videotestsrc num-buffers=30 pattern=ball ! video/x-raw,format=NV12,width=320,height=240,framerate=30/1 \
-             ! {chain} ! gpushmsink name=sink socket-path={} wait-for-connection=true",
-            sock.display()
-        );
-        let mut last = None;
-        let (frames, _, stats) = through_a_device_ring_with_stats(
-            &launch,
-            &sock,
-            &format!(
-                "gpushmsrc socket-path={} mode=lossless num-buffers=30 ! appsink name=out sync=false max-buffers=0",
-                sock.display()
-            ),
-            |sink| last = Some(keep_last_memory(sink)),
-        );
-        assert_eq!(frames.len(), 30, "{name}");
-        assert_same_as_videotestsrc(&frames, "pattern=ball", format, 320, 240);
-        let sent = stats.get::<u64>("frames-sent").unwrap();
-        let copied = stats.get::<u64>("frames-copied").unwrap();
-        assert_eq!(sent, 30, "{name}: {stats}");
-        if wraps_cuda_memory() {
-            assert_eq!(copied, 0, "{name}: rendered in place on 1.24+: {stats}");
-        } else {
-            assert_eq!(copied, 30, "{name}: copied on 1.22: {stats}");
-        }
-        let mem = last
-            .and_then(|l| l.lock().unwrap().take())
-            .expect("a frame reached the sink");
-        assert!(
-            mem.flags().bits() & CUDA_NEED_DOWNLOAD != 0,
-            "{name}: the sink mapped a frame in CUDA memory for the CPU (downloaded it)"
-        );
-    }
+    renders_into_device_ring_slots(
+        "upload",
+        "cudaupload ! video/x-raw(memory:CUDAMemory)",
+        "NV12",
+    );
+}
+
+/// cudaconvert renders into gpushmsink's device-ring slots, on its own CUDA stream (the pool
+/// hands it to each slot's memory; the sink waits for it before publishing).
+#[test]
+#[ignore = "needs a CUDA GPU and GStreamer's cudaconvert (nvcodec registers it only where its NVRTC kernels build: not with CUDA 13, whose NVRTC refuses the architecture GStreamer 1.22-1.26 asks for)"]
+fn cudaconvert_renders_into_device_ring_slots() {
+    gpu("cudaconvert_renders_into_device_ring_slots");
+    let _serial = in_process();
+    init();
+    assert!(
+        gst::ElementFactory::find("cudaconvert").is_some(),
+        "cudaconvert is missing: GStreamer's nvcodec registers it only where NVRTC (libnvrtc.so) builds its kernels"
+    );
+    renders_into_device_ring_slots(
+        "convert",
+        "cudaupload ! cudaconvert ! video/x-raw(memory:CUDAMemory),format=I420",
+        "I420",
+    );
 }
 
 /// The line from the issue: `nvh264dec ! gpushmsink`, no cudadownload, no capsfilter. The
@@ -1077,15 +1107,23 @@ fn nvh264dec_into_gpushmsink_decodes_into_a_device_ring() {
         ),
         |sink| last = Some(keep_last_memory(sink)),
     );
-    // nvh264dec hands its own surfaces (1.24+) or its own pool's buffers (1.22), never
-    // writing into a downstream pool: each frame is copied on the GPU, never through the host
-    // (the sink does not map the decoder's memory for the CPU, which would download it).
-    assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 30, "{stats}");
+    // On 1.22 each decoded frame is copied into the ring on the GPU, never through the host
+    // (the sink does not map the decoder's memory for the CPU, which would download it). On
+    // 1.24+ nvh264dec may write into the slots itself (gpushmsink's CUDA pool): 1.26.2 does.
+    let copied = stats.get::<u64>("frames-copied").unwrap();
+    if wraps_cuda_memory() {
+        eprintln!(
+            "nvh264dec on {}: {copied} of 30 frames copied by the sink",
+            gst::version_string()
+        );
+    } else {
+        assert_eq!(copied, 30, "{stats}");
+    }
     let mem = last
         .and_then(|l| l.lock().unwrap().take())
         .expect("a frame reached the sink");
     assert!(
-        mem.flags().bits() & CUDA_NEED_DOWNLOAD != 0,
+        stale_on_host(&mem),
         "the sink mapped a decoded frame for the CPU (downloaded it)"
     );
     drop(mem);
