@@ -979,7 +979,8 @@ fn keep_last_memory(element: &gst::Element) -> Arc<Mutex<Option<gst::Memory>>> {
         .unwrap()
         .add_probe(gst::PadProbeType::BUFFER, move |_, info| {
             if let Some(b) = info.buffer() {
-                *l.lock().unwrap() = (b.n_memory() == 1).then(|| b.peek_memory(0).to_owned());
+                // The memory itself, shared (peek_memory's to_owned would copy it).
+                *l.lock().unwrap() = (b.n_memory() == 1).then(|| b.memory(0)).flatten();
             }
             gst::PadProbeReturn::Ok
         });

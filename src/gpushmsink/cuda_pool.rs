@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MPL-2.0
-//! The pool gpushmsink proposes to a CUDA element upstream (cudaupload, cudaconvert,
-//! cudascale) on GStreamer 1.24+: its buffers are slots of the device ring, wrapped as
-//! GstCudaMemory, so that the element writes each frame straight into the ring and render()
-//! publishes it without a copy.
+//! The pool gpushmsink proposes to a CUDA element upstream (nvh264dec and the other NVDEC
+//! decoders, cudaupload, cudaconvert, cudascale) on GStreamer 1.24+: its buffers are slots of
+//! the device ring, wrapped as GstCudaMemory, so that the element writes each frame straight
+//! into the ring and render() publishes it without a copy. (1.22 cannot wrap device memory:
+//! there each frame is copied into a slot on the GPU.)
 //!
 //! GStreamer's CUDA elements keep a proposed pool only if it is a `GstCudaBufferPool` of their
 //! own CUDA context (`GST_IS_CUDA_BUFFER_POOL`, then `pool->context`). That type lives in
@@ -16,9 +17,8 @@
 //! it while consumers hold the slot, exactly as for a frame rendered in system memory; a
 //! memory that outlives its buffer (a shallow copy in a queue) keeps its slot out too.
 //!
-//! nvh264dec takes the pool but, on 1.24+, hands its own decoded surfaces downstream instead of
-//! writing into a downstream pool (`gst_nv_decoder_output_picture`): its frames stay one
-//! device copy, gpushmsink's.
+//! An element that takes the pool but pushes other buffers (an NVDEC decoder may hand its own
+//! surfaces, `gst_nv_decoder_output_picture`) gets them copied on the GPU, as before.
 
 use std::sync::{Arc, Mutex};
 
