@@ -91,6 +91,7 @@ struct Fns {
     ) -> glib::ffi::gboolean,
     buffer_pool_new: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstBufferPool,
     buffer_pool_get_type: unsafe extern "C" fn() -> glib::ffi::GType,
+    context_get_type: unsafe extern "C" fn() -> glib::ffi::GType,
     is_cuda_memory: unsafe extern "C" fn(*mut gst::ffi::GstMemory) -> glib::ffi::gboolean,
     context_new_wrapped: unsafe extern "C" fn(*mut std::ffi::c_void, c_int) -> Ctx,
     context_new_cuda_context: unsafe extern "C" fn(Ctx) -> *mut gst::ffi::GstContext,
@@ -158,6 +159,7 @@ unsafe fn bind(lib: &Library) -> Result<Fns, libloading::Error> {
             handle_context_query: *lib.get(b"gst_cuda_handle_context_query\0")?,
             buffer_pool_new: *lib.get(b"gst_cuda_buffer_pool_new\0")?,
             buffer_pool_get_type: *lib.get(b"gst_cuda_buffer_pool_get_type\0")?,
+            context_get_type: *lib.get(b"gst_cuda_context_get_type\0")?,
             is_cuda_memory: *lib.get(b"gst_is_cuda_memory\0")?,
             context_new_wrapped: *lib.get(b"gst_cuda_context_new_wrapped\0")?,
             context_new_cuda_context: *lib.get(b"gst_context_new_cuda_context\0")?,
@@ -427,8 +429,9 @@ pub enum WrapFor {
     Reading,
     /// A free slot lent to an upstream CUDA element to render into (gpushmsink's pool):
     /// writable, and `keep` goes as soon as the memory is freed. Its writes are waited for
-    /// before the frame is published ([`sync_memory`]); a slot freed unpublished is written
-    /// next by the same element, on the same stream.
+    /// before the frame is published ([`sync_memory`]). A memory freed unpublished with
+    /// writes still queued (NEED_SYNC) is waited for by GStreamer's allocator before it calls
+    /// the notify that lets `keep` go (1.24+); one without a stream was written synchronously.
     Writing,
 }
 
@@ -538,13 +541,17 @@ pub fn wrap_device_memory<K: Send + 'static>(
 
 /// The GstCudaContext a GstContext (`gst.cuda.context`) carries.
 pub fn context_of(context: &gst::Context) -> Option<Context> {
+    let l = lib().ok()?;
     if context.context_type() != CONTEXT_TYPE {
         return None;
     }
+    // SAFETY: a plain type getter.
+    let ty: glib::Type = unsafe { glib::translate::from_glib((l.f.context_get_type)()) };
     context
         .structure()
         .get::<gst::Object>(CONTEXT_TYPE)
         .ok()
+        .filter(|o| o.type_().is_a(ty))
         .map(Context)
 }
 

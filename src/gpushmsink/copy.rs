@@ -84,7 +84,11 @@ impl GpuShmSink {
         if info.is_some() {
             config.add_option(gst_video::BUFFER_POOL_OPTION_VIDEO_META);
         }
-        if pool.set_config(config).is_err() || pool.set_active(true).is_err() {
+        // (A CUDA pool over the same slots may activate it meanwhile, from upstream's
+        // thread: then it is active, as wanted.)
+        let configured = pool.set_config(config).is_ok();
+        let activated = configured && pool.set_active(true).is_ok();
+        if !(activated || pool.is_active()) {
             gst::element_imp_error!(
                 self,
                 gst::ResourceError::Failed,

@@ -34,20 +34,30 @@ use gpushm::ring::producer_end::ProducerRing;
 /// The registered type's name (gst-inspect and debug logs show it).
 const TYPE_NAME: &std::ffi::CStr = c"GstGpuShmCudaSlotPool";
 
-/// The pool to propose to the element upstream of `sink_pad` for frames in CUDA memory: in
-/// the CUDA context that element answers with when it is on the ring's GPU (an application may
-/// have handed it its own), in this process's otherwise (the one gpushmsink hands CUDA
-/// elements that ask it).
+/// The pool to propose to the element upstream of `sink_pad` for frames in CUDA memory, in
+/// the CUDA context that element answers a CONTEXT query with (an application may have handed
+/// it its own), or this process's if it answers none (the one gpushmsink hands CUDA elements
+/// that ask it). None for an element on another GPU than the ring's: the ring's memory is
+/// mapped for its own GPU only, and NVDEC decoders take any CUDA pool without comparing
+/// contexts; their frames are copied across instead.
 pub fn for_upstream(sink_pad: &gst::Pad, slots: &SlotPool) -> Result<gst::BufferPool, String> {
+    gstcuda::can_wrap()?;
     let ring = slots.ring().ok_or("no ring")?;
     let dev = crate::cuda::vmm::of(ring.attachment())
         .ok_or("the ring is not in GPU memory")?
         .device()
         .clone();
-    let ctx = gstcuda::upstream_context(sink_pad)
-        .filter(|c| c.device_id() == dev.ordinal as i32)
-        .or_else(|| gstcuda::process_context(&dev))
-        .ok_or("no GstCudaContext for the ring's GPU")?;
+    let ctx = match gstcuda::upstream_context(sink_pad) {
+        Some(c) if c.device_id() == dev.ordinal as i32 => c,
+        Some(c) => {
+            return Err(format!(
+                "upstream runs on GPU {}, the ring is on GPU {}",
+                c.device_id(),
+                dev.ordinal
+            ))
+        }
+        None => gstcuda::process_context(&dev).ok_or("no GstCudaContext for the ring's GPU")?,
+    };
     new(slots, &ctx)
 }
 
@@ -173,9 +183,13 @@ fn pool_type() -> Result<glib::ffi::GType, String> {
         // SAFETY: registering a subclass of a registered type, once per process (the cell);
         // the sizes are the parent's: the state is qdata, not instance fields.
         unsafe {
-            let existing = glib::gobject_ffi::g_type_from_name(TYPE_NAME.as_ptr());
-            if existing != 0 {
-                return Ok(existing);
+            if glib::gobject_ffi::g_type_from_name(TYPE_NAME.as_ptr()) != 0 {
+                // Another copy of the plugin in this process registered it, with its own
+                // state behind it: not ours to use.
+                return Err(format!(
+                    "{} is registered already (another copy of the gpushm plugin?)",
+                    TYPE_NAME.to_string_lossy()
+                ));
             }
             let mut q = std::mem::MaybeUninit::<glib::gobject_ffi::GTypeQuery>::zeroed();
             glib::gobject_ffi::g_type_query(parent, q.as_mut_ptr());
@@ -294,8 +308,12 @@ unsafe extern "C" fn start(pool: *mut gst::ffi::GstBufferPool) -> glib::ffi::gbo
     })
 }
 
-/// Configures and activates the ring's slot pool for raw video `info` if it is not active.
+/// Configures and activates the ring's slot pool for raw video `info` if it is not active,
+/// unless the sink retired it (its ring was replaced: upstream must take the new ring's pool).
 fn activate_slots(slots: &SlotPool, info: &gst_video::VideoInfo) -> bool {
+    if slots.is_retired() {
+        return false;
+    }
     if slots.is_active() {
         return true;
     }

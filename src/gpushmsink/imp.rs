@@ -462,7 +462,7 @@ impl BaseSinkImpl for GpuShmSink {
         if let State::Started { server, pool, .. } = old {
             server.stop();
             if let Some(pool) = pool {
-                let _ = pool.set_active(false);
+                pool.retire();
             }
         }
         Ok(())
@@ -487,35 +487,35 @@ impl BaseSinkImpl for GpuShmSink {
         if let Some(c) = caps.as_ref().filter(|c| c.is_fixed()) {
             self.configure(c)?;
         }
-        let state = self.state();
-        if let (
-            Some(caps),
-            State::Started {
-                caps: Some(cur),
-                info: Some(info),
-                pool: Some(pool),
-                ..
-            },
-        ) = (caps, &*state)
-        {
+        // (Taken out of the state: the CUDA pool asks upstream for its context.)
+        let current = match (caps, &*self.state()) {
+            (
+                Some(caps),
+                State::Started {
+                    caps: Some(cur),
+                    info: Some(info),
+                    pool: Some(pool),
+                    ..
+                },
+            ) if &caps == cur => Some((caps, info.size() as u32, pool.clone())),
+            _ => None,
+        };
+        if let Some((caps, size, pool)) = current {
             let n = pool.ring().map_or(0, |r| r.slot_count());
-            if &caps != cur {
-            } else if caps.features(0).is_some_and(cuda_memory) {
+            if caps.features(0).is_some_and(cuda_memory) {
                 // CUDA memory: a CUDA element upstream renders into the device ring's slots
                 // through a GstCudaBufferPool of its context (GStreamer 1.24+); otherwise it
                 // allocates its own and each frame is copied on the GPU.
-                match super::cuda_pool::for_upstream(
-                    &self
-                        .obj()
-                        .static_pad("sink")
-                        .ok_or_else(|| gst::loggable_error!(CAT, "no sink pad"))?,
-                    pool,
-                ) {
-                    Ok(p) => query.add_allocation_pool(Some(&p), info.size() as u32, 0, n),
+                let pad = self.obj().static_pad("sink");
+                match pad
+                    .ok_or_else(|| "no sink pad".to_string())
+                    .and_then(|pad| super::cuda_pool::for_upstream(&pad, &pool))
+                {
+                    Ok(p) => query.add_allocation_pool(Some(&p), size, 0, n),
                     Err(why) => gst::debug!(CAT, imp = self, "no CUDA pool proposed: {why}"),
                 }
             } else if !pool.is_active() {
-                query.add_allocation_pool(Some(pool), info.size() as u32, 0, n);
+                query.add_allocation_pool(Some(&pool), size, 0, n);
             }
         }
         Ok(())

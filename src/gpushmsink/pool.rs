@@ -82,10 +82,16 @@ impl SlotPool {
     ) -> Result<gst::Buffer, gst::FlowError> {
         let now = gst::BufferPoolAcquireParams::with_flags(gst::BufferPoolAcquireFlags::DONTWAIT);
         let imp = self.imp();
+        // A buffer lent once the other pool is flushing goes back at once: its flush must
+        // not see one come out after it.
+        let unless_cancelled = |r: Result<gst::Buffer, gst::FlowError>| match r {
+            Ok(_) if cancelled() => Err(gst::FlowError::Flushing),
+            r => r,
+        };
         let seen = imp.changes();
         match gst::prelude::BufferPoolExtManual::acquire_buffer(self, Some(&now)) {
             Err(gst::FlowError::Eos) if !dontwait => {}
-            r => return r,
+            r => return unless_cancelled(r),
         }
         imp.wait_for_slots(seen, || {
             if cancelled() {
@@ -93,9 +99,29 @@ impl SlotPool {
             }
             match gst::prelude::BufferPoolExtManual::acquire_buffer(self, Some(&now)) {
                 Err(gst::FlowError::Eos) => None,
-                r => Some(r),
+                r => Some(unless_cancelled(r)),
             }
         })
+    }
+
+    /// Deactivates the pool for good: its ring was replaced. A CUDA pool over it that upstream
+    /// starts again does not bring it back ([`Self::is_retired`]).
+    pub fn retire(&self) {
+        self.imp()
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retired = true;
+        let _ = gst::prelude::BufferPoolExt::set_active(self, false);
+    }
+
+    /// Whether [`Self::retire`] was called.
+    pub fn is_retired(&self) -> bool {
+        self.imp()
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retired
     }
 
     /// Wakes a wait in [`Self::acquire_unless`] to look at its `cancelled` again.
@@ -212,6 +238,8 @@ mod imp {
         pub video_info: Option<gst_video::VideoInfo>,
         /// cuda-register=auto: the device (cuda-device-id) to register with on request.
         pub cuda_on_request: Option<i32>,
+        /// Its ring was replaced ([`super::SlotPool::retire`]).
+        pub retired: bool,
     }
 
     #[derive(Default)]
@@ -572,8 +600,9 @@ mod tests {
 
     /// [`SlotPool::acquire_unless`], what the CUDA pool lends slots with: a free slot at once;
     /// none left and `dontwait`, `Eos`; none left, it waits until one comes back; and a wait
-    /// given up as soon as the other pool is flushed (`cancelled`, then [`SlotPool::wake`]),
-    /// with `Flushing`, not after a slot came back.
+    /// given up once the other pool is flushed (`cancelled`, then [`SlotPool::wake`]), with
+    /// `Flushing`, though no slot came back; and a buffer acquired once it is cancelled is
+    /// not handed out.
     #[test]
     fn acquire_unless_waits_for_a_slot_and_gives_up_when_cancelled() {
         gst::init().unwrap();
@@ -631,7 +660,14 @@ mod tests {
         );
         assert!(t.elapsed() < Duration::from_secs(30));
         flusher.join().unwrap();
-        drop((b, c));
+        // Cancelled with a slot free: not handed out, and back in the pool.
+        drop(b);
+        assert_eq!(
+            pool.acquire_unless(false, &|| true).unwrap_err(),
+            gst::FlowError::Flushing
+        );
+        let d = pool.acquire_unless(true, &never).unwrap();
+        drop((c, d));
         pool.set_active(false).unwrap();
         server.stop();
     }

@@ -215,7 +215,11 @@ impl GpuShmSink {
             }
             match publish(slot, meta)? {
                 Published::Sent => {
-                    super::pool::lock_published(buffer);
+                    // (Not CUDA memory: the CUDA pool never lends a buffer again, and
+                    // GstCudaMemory changes its own flags under its lock.)
+                    if !cuda_input {
+                        super::pool::lock_published(buffer);
+                    }
                     return Ok(gst::FlowSuccess::Ok);
                 }
                 Published::Stopped => return Err(gst::FlowError::Flushing),

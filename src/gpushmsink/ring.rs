@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use gst::prelude::*;
 use gst::subclass::prelude::*;
 
 use super::caps::{announced_caps, cuda_memory, slot_size_for, stream_kind};
@@ -162,7 +161,7 @@ impl GpuShmSink {
             })
         });
         if let Some(old) = pool.replace(new_pool) {
-            let _ = old.set_active(false);
+            old.retire();
         }
         *cur_info = info;
         *cur_caps = Some(caps.clone());
