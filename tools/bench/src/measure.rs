@@ -18,6 +18,12 @@ pub fn rusage() -> (u64, u64) {
     }
 }
 
+/// Voluntary context switches (sleeps) of the calling thread so far.
+pub fn thread_sleeps() -> u64 {
+    use nix::sys::resource::{getrusage, UsageWho};
+    getrusage(UsageWho::RUSAGE_THREAD).map_or(0, |r| r.voluntary_context_switches() as u64)
+}
+
 /// Minor page faults and context switches (voluntary, involuntary) of this process so far.
 pub fn faults_and_switches() -> (u64, u64, u64) {
     use nix::sys::resource::{getrusage, UsageWho};

@@ -173,8 +173,13 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     // first, last, count, CPU time at the first frame, minor faults and voluntary context
     // switches at the first frame
     let times = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64, 0u64, 0u64)));
+    // The streaming thread's own sleeps at the first frame and at the last so far: the
+    // process's count also has the transport's other threads (a server's connection thread
+    // wakes for consumers' messages), which do not hold the frames up.
+    let stream_sleeps = Arc::new(Mutex::new((0u64, 0u64)));
     {
         let times = times.clone();
+        let stream_sleeps = stream_sleeps.clone();
         sink_el.static_pad("sink").ok_or("no pad")?.add_probe(
             gst::PadProbeType::BUFFER,
             move |_, info| {
@@ -189,12 +194,16 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                         }
                     }
                     let mut g = times.lock().unwrap();
+                    let slept = crate::measure::thread_sleeps();
+                    let mut ss = stream_sleeps.lock().unwrap();
                     if g.2 == 0 {
                         g.0 = t;
                         g.3 = rusage().0;
                         let (faults, voluntary, _) = faults_and_switches();
                         (g.4, g.5) = (faults, voluntary);
+                        ss.0 = slept;
                     }
+                    ss.1 = slept;
                     g.1 = t;
                     g.2 += 1;
                 }
@@ -223,11 +232,13 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     // Faults and switches after the first frame, per frame: what the frames themselves cost
     // (first touches of buffers, waits that slept), not the pipeline's setup.
     let per_frame = |n: u64| n as f64 / count.saturating_sub(1).max(1) as f64;
+    let (ss0, ss1) = *stream_sleeps.lock().unwrap();
     println!(
-        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2}",
+        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2} stream_sleeps_per_frame={:.2}",
         per_frame(cpu_us),
         per_frame(faults.saturating_sub(faults0)),
         per_frame(voluntary.saturating_sub(voluntary0)),
+        per_frame(ss1.saturating_sub(ss0)),
     );
     Ok(())
 }

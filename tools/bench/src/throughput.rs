@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
-//! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin] [--pool-only] [--compare "CMD"]`): a producer flat out
+//! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin] [--pool-only | --copy-only]
+//! [--sizes 720p,1080p,4K] [--compare "CMD"]`): a producer flat out
 //! into a lossless consumer, against the same producer alone, at 720p, 1080p and 4K NV12, in
 //! pool mode (upstream renders into the sink's buffers) and copy mode (the sink copies), for
 //! gpushm, shm and unixfd (when installed). Rounds alternate the transports' order; the table
@@ -9,7 +10,9 @@
 //! times `--scale`): with a hundred frames, the first touch of every slot of a ring (8 × 12 MiB
 //! at 4K) is a tenth of the run. Besides frames a second and CPU time a frame, the producer
 //! reports its minor page faults and voluntary context switches (sleeps) a frame, counted from
-//! its first frame on.
+//! its first frame on: the whole process's, and in brackets its streaming thread's own (the
+//! thread that renders and pushes every frame; the others, a server's connection thread among
+//! them, do not hold frames up).
 //!
 //! The producer alone runs before and after each size's transports, and each is measured
 //! against the mean of the two: a shared machine's pace drifts by 10 % and more within a
@@ -31,6 +34,8 @@ struct Figures {
     cpu: Vec<f64>,
     faults: Vec<f64>,
     sleeps: Vec<f64>,
+    /// The producer's streaming thread's own sleeps a frame.
+    stream_sleeps: Vec<f64>,
     /// The consumer's CPU time a frame (NaN for the producer alone).
     consumer_cpu: Vec<f64>,
 }
@@ -47,6 +52,8 @@ impl Figures {
         self.cpu.push(f(producer, "cpu_us_per_frame"));
         self.faults.push(f(producer, "faults_per_frame"));
         self.sleeps.push(f(producer, "sleeps_per_frame"));
+        self.stream_sleeps
+            .push(f(producer, "stream_sleeps_per_frame"));
     }
 }
 
@@ -56,11 +63,19 @@ pub fn throughput(args: &[String]) {
     if args.iter().any(|a| a == "--pin") {
         *PIN.lock().unwrap() = two_cpus();
     }
-    let sizes = [
+    let wanted = crate::arg(args, "--sizes");
+    let sizes: Vec<(&str, u64, u64, u64)> = [
         ("720p", 1280, 720, 3000 * scale),
         ("1080p", 1920, 1080, 1500 * scale),
         ("4K", 3840, 2160, 500 * scale),
-    ];
+    ]
+    .into_iter()
+    .filter(|(name, ..)| {
+        wanted
+            .as_deref()
+            .is_none_or(|w| w.split(',').any(|x| x.trim() == *name))
+    })
+    .collect();
     let compare: Option<Vec<String>> = crate::arg(args, "--compare")
         .map(|c| c.split_whitespace().map(String::from).collect())
         .filter(|c: &Vec<String>| !c.is_empty());
@@ -73,9 +88,12 @@ pub fn throughput(args: &[String]) {
         transports.push("unixfd");
     }
     let copies = |t: &str| t != "unixfd" || unixfdsink_copies();
-    let modes: &[bool] = match args.iter().any(|a| a == "--pool-only") {
-        true => &[false],
-        false => &[false, true],
+    let modes: &[bool] = if args.iter().any(|a| a == "--pool-only") {
+        &[false]
+    } else if args.iter().any(|a| a == "--copy-only") {
+        &[true]
+    } else {
+        &[false, true]
     };
     println!(
         "# Throughput: producer flat out, lossless consumer; GStreamer {}, {} CPUs, {rounds} round(s){}\n",
@@ -89,7 +107,7 @@ pub fn throughput(args: &[String]) {
     if let Some(c) = &compare {
         println!("`{COMPARED}`: gpushm run by `{}`.\n", c.join(" "));
     }
-    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | consumer CPU µs/frame | producer faults/frame | producer sleeps/frame |");
+    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | consumer CPU µs/frame | producer faults/frame | producer sleeps/frame (streaming thread) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     // [size][mode][transport], and the producer alone [size].
     let mut figs = vec![vec![vec![Figures::default(); transports.len()]; 2]; sizes.len()];
@@ -100,12 +118,13 @@ pub fn throughput(args: &[String]) {
             let alone_run = |when: &str| {
                 let a = run("none", w, h, frames, 0, false, false);
                 println!(
-                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | | {:.2} | {:.2} |",
+                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | | {:.2} | {:.2} ({:.2}) |",
                     round + 1,
                     f(&a.producer, "fps"),
                     f(&a.producer, "cpu_us_per_frame"),
                     f(&a.producer, "faults_per_frame"),
                     f(&a.producer, "sleeps_per_frame"),
+                    f(&a.producer, "stream_sleeps_per_frame"),
                 );
                 a
             };
@@ -147,29 +166,31 @@ pub fn throughput(args: &[String]) {
                 let percent = 100.0 * delivered / own;
                 figs[si][mi][ti].push(&r.producer, &r.consumer, percent);
                 println!(
-                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.0} | {:.2} | {:.2} |",
+                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.0} | {:.2} | {:.2} ({:.2}) |",
                     round + 1,
                     f(&r.producer, "cpu_us_per_frame"),
                     f(&r.consumer, "cpu_us_per_frame"),
                     f(&r.producer, "faults_per_frame"),
                     f(&r.producer, "sleeps_per_frame"),
+                    f(&r.producer, "stream_sleeps_per_frame"),
                 );
             }
         }
     }
     println!("\n## Medians of {rounds} round(s)\n");
     let cols = transports.join(" / ");
-    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} | streaming thread's sleeps/frame: alone / {cols} |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (si, &(name, ..)) in sizes.iter().enumerate() {
-        for (mi, mode) in ["pool", "copy"].into_iter().enumerate().take(modes.len()) {
+        for (mi, &copy) in modes.iter().enumerate() {
+            let mode = if copy { "copy" } else { "pool" };
             let row = |pick: fn(&Figures) -> &Vec<f64>, digits: usize, with_alone: bool| {
                 let mut v: Vec<String> = Vec::new();
                 if with_alone {
                     v.push(format!("{:.*}", digits, median(pick(&alone[si]))));
                 }
                 for (ti, t) in transports.iter().enumerate() {
-                    v.push(match mi == 1 && !copies(t) {
+                    v.push(match copy && !copies(t) {
                         true => "n/a".into(),
                         false => format!("{:.*}", digits, median(pick(&figs[si][mi][ti]))),
                     });
@@ -177,13 +198,14 @@ pub fn throughput(args: &[String]) {
                 v.join(" / ")
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} | {} |",
                 median(&alone_fps[si]),
                 row(|x| &x.percent, 1, false),
                 row(|x| &x.cpu, 0, true),
                 row(|x| &x.consumer_cpu, 0, false),
                 row(|x| &x.faults, 2, true),
                 row(|x| &x.sleeps, 2, true),
+                row(|x| &x.stream_sleeps, 2, true),
             );
         }
     }
