@@ -58,17 +58,15 @@ pub fn for_upstream(sink_pad: &gst::Pad, slots: &SlotPool) -> Result<gst::Buffer
         }
         None => gstcuda::process_context(&dev).ok_or("no GstCudaContext for the ring's GPU")?,
     };
-    new(slots, &ctx)
+    new(slots, ring, &ctx)
 }
 
-/// Makes a pool lending `slots`' slots (of a device ring) as CUDA memory of `ctx`, for an
-/// allocation query. The reason when it cannot (GStreamer before 1.24, no device ring).
-pub fn new(slots: &SlotPool, ctx: &Context) -> Result<gst::BufferPool, String> {
-    gstcuda::can_wrap()?;
-    let ring = slots.ring().ok_or("no ring")?;
-    if crate::cuda::vmm::of(ring.attachment()).is_none() {
-        return Err("the ring is not in GPU memory".into());
-    }
+/// Makes a pool lending `slots`' slots (of `ring`, a device ring) as CUDA memory of `ctx`.
+fn new(
+    slots: &SlotPool,
+    ring: Arc<ProducerRing>,
+    ctx: &Context,
+) -> Result<gst::BufferPool, String> {
     let ty = pool_type()?;
     // SAFETY: a registered type id.
     let obj = glib::Object::with_type(unsafe { glib::translate::from_glib(ty) });
@@ -104,7 +102,7 @@ pub fn written_slot(ring: &ProducerRing, buffer: &gst::BufferRef) -> Option<u32>
     if mem.offset() != 0 || !gstcuda::is_cuda_memory(mem) {
         return None;
     }
-    let (ptr, len, _) = gstcuda::with_device_map(buffer, false, |p, l, s| (p, l, s))?;
+    let (ptr, len) = gstcuda::with_device_map(buffer, false, |p, l, _| (p, l))?;
     let slot = crate::cuda::vmm::slot_of_device_ptr(ring, ptr, len)?;
     gstcuda::sync_memory(mem);
     Some(slot)
@@ -141,19 +139,6 @@ unsafe fn inner<'a>(pool: *mut gst::ffi::GstBufferPool) -> Option<&'a Inner> {
     unsafe {
         let obj: Borrowed<glib::Object> = from_glib_borrow(pool as *mut glib::gobject_ffi::GObject);
         obj.qdata::<Inner>(quark()).map(|p| &*p.as_ptr())
-    }
-}
-
-/// Whether `pool` is flushing (or inactive), as GstBufferPool's own acquire checks it.
-///
-/// # Safety
-/// `pool` is live.
-unsafe fn flushing(pool: *mut gst::ffi::GstBufferPool) -> bool {
-    // SAFETY: an int GstBufferPool sets atomically (GST_BUFFER_POOL_IS_FLUSHING).
-    unsafe {
-        std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*pool).flushing))
-            .load(std::sync::atomic::Ordering::SeqCst)
-            != 0
     }
 }
 
@@ -230,7 +215,6 @@ unsafe extern "C" fn class_init(klass: glib::ffi::gpointer, _data: glib::ffi::gp
         (*k).acquire_buffer = Some(acquire_buffer);
         (*k).alloc_buffer = Some(alloc_buffer);
         (*k).release_buffer = Some(release_buffer);
-        (*k).free_buffer = Some(free_buffer);
         (*k).flush_start = Some(flush_start);
     }
 }
@@ -352,7 +336,7 @@ unsafe extern "C" fn acquire_buffer(
             // SAFETY: non-null params GStreamer passes for the call.
             && unsafe { (*params).flags } & gst::ffi::GST_BUFFER_POOL_ACQUIRE_FLAG_DONTWAIT != 0;
         // SAFETY: our live pool, for as long as this call.
-        let cancelled = || unsafe { flushing(pool) };
+        let cancelled = || unsafe { super::pool::is_flushing(pool) };
         if cancelled() {
             return gst::ffi::GST_FLOW_FLUSHING;
         }
@@ -374,16 +358,15 @@ impl Inner {
         dontwait: bool,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<gst::Buffer, gst::FlowError> {
-        let (info, slot_buffer) = {
-            let info = self
-                .config
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .info
-                .clone()
-                .ok_or(gst::FlowError::NotNegotiated)?;
-            (info, self.slots.acquire_unless(dontwait, cancelled)?)
-        };
+        let info = self
+            .config
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .info
+            .clone()
+            .ok_or(gst::FlowError::NotNegotiated)?;
+        // (Without the config's lock: this may wait for a slot.)
+        let slot_buffer = self.slots.acquire_unless(dontwait, cancelled)?;
         let slot = self
             .slots
             .slot_of(&slot_buffer)
@@ -408,16 +391,7 @@ impl Inner {
         {
             let b = buffer.get_mut().ok_or(gst::FlowError::Error)?;
             b.append_memory(mem);
-            gst_video::VideoMeta::add_full(
-                b,
-                gst_video::VideoFrameFlags::empty(),
-                info.format(),
-                info.width(),
-                info.height(),
-                info.offset(),
-                info.stride(),
-            )
-            .map_err(|_| gst::FlowError::Error)?;
+            super::pool::add_slot_video_meta(b, &info).map_err(|_| gst::FlowError::Error)?;
         }
         Ok(buffer)
     }
@@ -439,14 +413,6 @@ unsafe extern "C" fn release_buffer(
     // Not kept: its memory goes, and with it the slot buffer, to the slot pool, which lends
     // the slot again once no consumer holds it.
     // SAFETY: GStreamer hands us its reference to the buffer (no longer of any pool).
-    unsafe { gst::ffi::gst_mini_object_unref(buffer as *mut gst::ffi::GstMiniObject) };
-}
-
-unsafe extern "C" fn free_buffer(
-    _pool: *mut gst::ffi::GstBufferPool,
-    buffer: *mut gst::ffi::GstBuffer,
-) {
-    // SAFETY: as in release_buffer.
     unsafe { gst::ffi::gst_mini_object_unref(buffer as *mut gst::ffi::GstMiniObject) };
 }
 

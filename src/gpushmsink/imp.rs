@@ -7,7 +7,9 @@
  * shared-memory ring. Upstream renders straight into the ring through the buffer pool this
  * sink proposes, and consumers map the same memory: no frame byte is copied on either side.
  * Buffers that do not come from the pool are copied once into a free slot (counted in
- * `stats` as frames-copied).
+ * `stats` as frames-copied). Raw video in CUDA memory goes into a ring in GPU memory on a
+ * discrete GPU (`ring`): on GStreamer 1.24+ CUDA elements upstream render into its slots
+ * through the CUDA buffer pool this sink proposes, otherwise each frame is copied on the GPU.
  *
  * Any caps travel, like with shmsink: encoded video (H.264, H.265, JPEG), audio, RTP, data.
  * Raw video gets frame-sized slots; other caps get slots of `max-buffer-size`, and a larger

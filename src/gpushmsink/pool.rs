@@ -150,6 +150,39 @@ pub fn register_ring(dev: &Arc<crate::cuda::Device>, ring: &ProducerRing) -> Res
     r
 }
 
+/// Whether `pool` is flushing (or inactive), as GstBufferPool's own acquire checks it: the
+/// pool's `flushing` field, which gstreamer-rs has no getter for.
+///
+/// # Safety
+/// `pool` is a live GstBufferPool.
+pub unsafe fn is_flushing(pool: *mut gst::ffi::GstBufferPool) -> bool {
+    // SAFETY: the caller's contract; an int GstBufferPool sets atomically
+    // (GST_BUFFER_POOL_IS_FLUSHING reads it the same way).
+    unsafe {
+        std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*pool).flushing))
+            .load(Ordering::SeqCst)
+            != 0
+    }
+}
+
+/// The GstVideoMeta of a frame laid out in a slot as `info` says (the caps' own layout,
+/// which is the ring's).
+pub fn add_slot_video_meta(
+    b: &mut gst::BufferRef,
+    info: &gst_video::VideoInfo,
+) -> Result<(), glib::BoolError> {
+    gst_video::VideoMeta::add_full(
+        b,
+        gst_video::VideoFrameFlags::empty(),
+        info.format(),
+        info.width(),
+        info.height(),
+        info.offset(),
+        info.stride(),
+    )
+    .map(|_| ())
+}
+
 /// Makes the memory of a published pool buffer read-only until the buffer is back in the
 /// pool's free buffers, so that a write map through the buffer (or a copy sharing its memory)
 /// gets a copy instead of the frame consumers hold. Writes through a GpuShmCudaMeta device
@@ -310,19 +343,10 @@ mod imp {
             &self,
             params: &gst::BufferPoolAcquireParams,
         ) -> Result<gst::Buffer, gst::FlowError> {
-            // SAFETY: the pool's own flushing flag, an int that GstBufferPool sets atomically
-            // (GST_BUFFER_POOL_IS_FLUSHING reads it the same way).
-            let flushing = unsafe {
-                use gst::glib::translate::ToGlibPtr;
-                use gst::prelude::Cast;
-                let obj = self.obj();
-                let pool: *mut gst::ffi::GstBufferPool =
-                    obj.upcast_ref::<gst::BufferPool>().to_glib_none().0;
-                std::sync::atomic::AtomicI32::from_ptr(std::ptr::addr_of_mut!((*pool).flushing))
-                    .load(Ordering::SeqCst)
-                    != 0
-            };
-            if flushing {
+            use gst::prelude::*;
+            let pool = self.obj();
+            // SAFETY: our own live pool.
+            if unsafe { is_flushing(pool.upcast_ref::<gst::BufferPool>().as_ptr()) } {
                 return Err(gst::FlowError::Flushing);
             }
             let top = self
@@ -545,15 +569,7 @@ mod imp {
                     );
                 }
                 if let Some(info) = &st.video_info {
-                    let _ = gst_video::VideoMeta::add_full(
-                        b,
-                        gst_video::VideoFrameFlags::empty(),
-                        info.format(),
-                        info.width(),
-                        info.height(),
-                        info.offset(),
-                        info.stride(),
-                    );
+                    let _ = add_slot_video_meta(b, info);
                 }
             }
             Ok(buffer)

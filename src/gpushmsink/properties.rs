@@ -117,7 +117,7 @@ pub(super) fn specs() -> Vec<glib::ParamSpec> {
             .build(),
         glib::ParamSpecEnum::builder_with_default("ring", RingPlacement::Auto)
             .nick("Ring placement")
-            .blurb("Where the ring's pixels live. host: a shared-memory ring every consumer maps; device: GPU memory of cuda-device-id (CUDA virtual memory, exported once per ring), read in place on the GPU by gpushmsrc (cudasum after it; CUDA memory for nvcodec elements; a copy for CPU elements that map frames), the Python Subscriber with device_memory=True, the gpushm crate and the C API; input in CUDA memory is copied there on the GPU, input in system memory with one host-to-device copy; auto: device for input in CUDA memory (memory:CUDAMemory) on a discrete GPU, host otherwise")
+            .blurb("Where the ring's pixels live. host: a shared-memory ring every consumer maps; device: GPU memory of cuda-device-id (CUDA virtual memory, exported once per ring), read in place on the GPU by gpushmsrc (cudasum after it; CUDA memory for nvcodec elements; a copy for CPU elements that map frames), the Python Subscriber with device_memory=True, the gpushm crate and the C API; CUDA elements upstream (nvh264dec, cudaupload, cudaconvert) render into its slots through the CUDA buffer pool this sink proposes (GStreamer 1.24+), other input in CUDA memory is copied there on the GPU, input in system memory with one host-to-device copy; auto: device for input in CUDA memory (memory:CUDAMemory) on a discrete GPU, host otherwise")
             .mutable_ready()
             .build(),
         glib::ParamSpecInt64::builder("max-wait")
