@@ -24,6 +24,13 @@ pub fn thread_sleeps() -> u64 {
     getrusage(UsageWho::RUSAGE_THREAD).map_or(0, |r| r.voluntary_context_switches() as u64)
 }
 
+/// The calling thread's CPU time so far, in ns.
+pub fn thread_cpu_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
 /// Minor page faults and context switches (voluntary, involuntary) of this process so far.
 pub fn faults_and_switches() -> (u64, u64, u64) {
     use nix::sys::resource::{getrusage, UsageWho};

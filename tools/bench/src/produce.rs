@@ -177,9 +177,17 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     // process's count also has the transport's other threads (a server's connection thread
     // wakes for consumers' messages), which do not hold the frames up.
     let stream_sleeps = Arc::new(Mutex::new((0u64, 0u64)));
+    // The streaming thread's own CPU time at the first frame and at the last so far, and the
+    // buffers (their first bytes' addresses) in rotation over the second half of the run: the
+    // memory upstream renders into, which stays in the CPU's caches only if few buffers take
+    // turns.
+    let stream_cpu = Arc::new(Mutex::new((0u64, 0u64)));
+    let rotation = Arc::new(Mutex::new(std::collections::HashSet::<usize>::new()));
     {
         let times = times.clone();
         let stream_sleeps = stream_sleeps.clone();
+        let stream_cpu = stream_cpu.clone();
+        let rotation = rotation.clone();
         sink_el.static_pad("sink").ok_or("no pad")?.add_probe(
             gst::PadProbeType::BUFFER,
             move |_, info| {
@@ -187,7 +195,9 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                     // Stamped once the frame is mapped: the stamp's own mapping is the
                     // bench's cost, not the transport's.
                     let mut t = now();
+                    let mut addr = 0usize;
                     if let Ok(mut m) = b.make_mut().map_writable() {
+                        addr = m.as_ptr() as usize;
                         if m.len() >= 8 {
                             t = now();
                             m[..8].copy_from_slice(&t.to_le_bytes());
@@ -196,7 +206,20 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                     let mut g = times.lock().unwrap();
                     let slept = crate::measure::thread_sleeps();
                     let mut ss = stream_sleeps.lock().unwrap();
+                    let mut sc = stream_cpu.lock().unwrap();
+                    let cpu = crate::measure::thread_cpu_ns();
+                    if std::env::var_os("GPUSHM_BENCH_TRACE").is_some() && (200..230).contains(&g.2)
+                    {
+                        eprintln!("frame {} addr {:x}", g.2, addr);
+                    }
+                    if g.2 >= frames / 2 {
+                        let mut r = rotation.lock().unwrap();
+                        if r.len() < 1024 {
+                            r.insert(addr);
+                        }
+                    }
                     if g.2 == 0 {
+                        sc.0 = cpu;
                         g.0 = t;
                         g.3 = rusage().0;
                         let (faults, voluntary, _) = faults_and_switches();
@@ -204,6 +227,7 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                         ss.0 = slept;
                     }
                     ss.1 = slept;
+                    sc.1 = cpu;
                     g.1 = t;
                     g.2 += 1;
                 }
@@ -233,12 +257,15 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     // (first touches of buffers, waits that slept), not the pipeline's setup.
     let per_frame = |n: u64| n as f64 / count.saturating_sub(1).max(1) as f64;
     let (ss0, ss1) = *stream_sleeps.lock().unwrap();
+    let (sc0, sc1) = *stream_cpu.lock().unwrap();
+    let rotation = rotation.lock().unwrap().len();
     println!(
-        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2} stream_sleeps_per_frame={:.2}",
+        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2} stream_sleeps_per_frame={:.2} stream_cpu_us_per_frame={:.1} rotation={rotation}",
         per_frame(cpu_us),
         per_frame(faults.saturating_sub(faults0)),
         per_frame(voluntary.saturating_sub(voluntary0)),
         per_frame(ss1.saturating_sub(ss0)),
+        per_frame(sc1.saturating_sub(sc0)) / 1000.0,
     );
     Ok(())
 }

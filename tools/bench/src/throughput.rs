@@ -38,6 +38,10 @@ struct Figures {
     stream_sleeps: Vec<f64>,
     /// The consumer's CPU time a frame (NaN for the producer alone).
     consumer_cpu: Vec<f64>,
+    /// The producer's streaming thread's own CPU time a frame.
+    stream_cpu: Vec<f64>,
+    /// Buffers upstream rendered into over the second half of the run.
+    rotation: Vec<f64>,
 }
 
 impl Figures {
@@ -54,6 +58,8 @@ impl Figures {
         self.sleeps.push(f(producer, "sleeps_per_frame"));
         self.stream_sleeps
             .push(f(producer, "stream_sleeps_per_frame"));
+        self.stream_cpu.push(f(producer, "stream_cpu_us_per_frame"));
+        self.rotation.push(f(producer, "rotation"));
     }
 }
 
@@ -107,8 +113,8 @@ pub fn throughput(args: &[String]) {
     if let Some(c) = &compare {
         println!("`{COMPARED}`: gpushm run by `{}`.\n", c.join(" "));
     }
-    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | consumer CPU µs/frame | producer faults/frame | producer sleeps/frame (streaming thread) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| round | size | mode | transport | frames | producer alone fps | delivered fps | % | producer CPU µs/frame | consumer CPU µs/frame | producer faults/frame | producer sleeps/frame (streaming thread) | streaming thread CPU µs/frame | buffers in rotation |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // [size][mode][transport], and the producer alone [size].
     let mut figs = vec![vec![vec![Figures::default(); transports.len()]; 2]; sizes.len()];
     let mut alone = vec![Figures::default(); sizes.len()];
@@ -118,13 +124,15 @@ pub fn throughput(args: &[String]) {
             let alone_run = |when: &str| {
                 let a = run("none", w, h, frames, 0, false, false);
                 println!(
-                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | | {:.2} | {:.2} ({:.2}) |",
+                    "| {} | {name} | - | alone ({when}) | {frames} | {:.0} | | | {:.0} | | {:.2} | {:.2} ({:.2}) | {:.0} | {:.0} |",
                     round + 1,
                     f(&a.producer, "fps"),
                     f(&a.producer, "cpu_us_per_frame"),
                     f(&a.producer, "faults_per_frame"),
                     f(&a.producer, "sleeps_per_frame"),
                     f(&a.producer, "stream_sleeps_per_frame"),
+                    f(&a.producer, "stream_cpu_us_per_frame"),
+                    f(&a.producer, "rotation"),
                 );
                 a
             };
@@ -166,21 +174,23 @@ pub fn throughput(args: &[String]) {
                 let percent = 100.0 * delivered / own;
                 figs[si][mi][ti].push(&r.producer, &r.consumer, percent);
                 println!(
-                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.0} | {:.2} | {:.2} ({:.2}) |",
+                    "| {} | {name} | {mode} | {t} | {frames} | {own:.0} | {delivered:.0} | {percent:.1} | {:.0} | {:.0} | {:.2} | {:.2} ({:.2}) | {:.0} | {:.0} |",
                     round + 1,
                     f(&r.producer, "cpu_us_per_frame"),
                     f(&r.consumer, "cpu_us_per_frame"),
                     f(&r.producer, "faults_per_frame"),
                     f(&r.producer, "sleeps_per_frame"),
                     f(&r.producer, "stream_sleeps_per_frame"),
+                    f(&r.producer, "stream_cpu_us_per_frame"),
+                    f(&r.producer, "rotation"),
                 );
             }
         }
     }
     println!("\n## Medians of {rounds} round(s)\n");
     let cols = transports.join(" / ");
-    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} | streaming thread's sleeps/frame: alone / {cols} |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} | streaming thread's sleeps/frame: alone / {cols} | streaming thread CPU µs/frame: alone / {cols} | buffers in rotation: alone / {cols} |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (si, &(name, ..)) in sizes.iter().enumerate() {
         for (mi, &copy) in modes.iter().enumerate() {
             let mode = if copy { "copy" } else { "pool" };
@@ -198,7 +208,7 @@ pub fn throughput(args: &[String]) {
                 v.join(" / ")
             };
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 median(&alone_fps[si]),
                 row(|x| &x.percent, 1, false),
                 row(|x| &x.cpu, 0, true),
@@ -206,6 +216,8 @@ pub fn throughput(args: &[String]) {
                 row(|x| &x.faults, 2, true),
                 row(|x| &x.sleeps, 2, true),
                 row(|x| &x.stream_sleeps, 2, true),
+                row(|x| &x.stream_cpu, 0, true),
+                row(|x| &x.rotation, 0, true),
             );
         }
     }
