@@ -32,7 +32,12 @@ pub fn consume(args: &[String]) -> Result<(), String> {
         "shm" => format!("shmsrc name=src socket-path={socket} is-live=true ! video/x-raw,format={format},width={w},height={h},framerate=30/1"),
         _ => format!("unixfdsrc name=src socket-path={socket}"),
     };
-    let launch = format!("{src} ! {cudasum}fakesink name=sink sync=false");
+    // GPUSHM_BENCH_CONSUMER_SINK_PROPS: more fakesink properties (`enable-last-sample=false`:
+    // it keeps no frame, so its transport has one buffer fewer in rotation).
+    let launch = format!(
+        "{src} ! {cudasum}fakesink name=sink sync=false {}",
+        std::env::var("GPUSHM_BENCH_CONSUMER_SINK_PROPS").unwrap_or_default()
+    );
     let pipeline = gst::parse::launch(&launch).map_err(|e| format!("{launch}: {e}"))?;
     let bin = pipeline
         .clone()

@@ -52,10 +52,22 @@ pub fn run_format(
     };
     let common = |role: &str, socket: &str| {
         // Another build's processes (`bench throughput --compare`), or ours.
+        // Leading `NAME=value` words are the environment the other build runs with (as
+        // env(1) takes them, without running env, which a bundled runtime's libc would
+        // break); with nothing after them, it is this build.
         let mut c = match &other {
             Some(cmd) => {
-                let mut c = Command::new(&cmd[0]);
-                c.args(&cmd[1..]);
+                let vars = cmd.iter().take_while(|w| w.contains('=')).count();
+                let mut c = match cmd.get(vars) {
+                    Some(program) => Command::new(program),
+                    None => Command::new(&exe),
+                };
+                c.args(cmd.iter().skip(vars + 1));
+                for w in &cmd[..vars] {
+                    if let Some((k, v)) = w.split_once('=') {
+                        c.env(k, v);
+                    }
+                }
                 c
             }
             None => Command::new(&exe),

@@ -208,10 +208,6 @@ pub fn produce(args: &[String]) -> Result<(), String> {
                     let mut ss = stream_sleeps.lock().unwrap();
                     let mut sc = stream_cpu.lock().unwrap();
                     let cpu = crate::measure::thread_cpu_ns();
-                    if std::env::var_os("GPUSHM_BENCH_TRACE").is_some() && (200..230).contains(&g.2)
-                    {
-                        eprintln!("frame {} addr {:x}", g.2, addr);
-                    }
                     if g.2 >= frames / 2 {
                         let mut r = rotation.lock().unwrap();
                         if r.len() < 1024 {

@@ -12,13 +12,19 @@
 //! reports its minor page faults and voluntary context switches (sleeps) a frame, counted from
 //! its first frame on: the whole process's, and in brackets its streaming thread's own (the
 //! thread that renders and pushes every frame; the others, a server's connection thread among
-//! them, do not hold frames up).
+//! them, do not hold frames up). The streaming thread's own CPU time a frame, and the buffers
+//! in rotation (the distinct buffers upstream rendered into over the second half of a run)
+//! say where a size's extra time goes: alone, videotestsrc takes turns between two buffers;
+//! into a consumer that keeps its last frame (fakesink does), every transport needs a third,
+//! one more frame's worth of memory for the CPU's caches to hold.
 //!
 //! The producer alone runs before and after each size's transports, and each is measured
 //! against the mean of the two: a shared machine's pace drifts by 10 % and more within a
 //! minute. `--compare "CMD"` adds gpushm run by another build (`CMD produce ...` and `CMD
 //! consume ...`, e.g. `target/old/bench` or `DIR/run old/bench` on GStreamer 1.26), labelled
-//! `gpushm (compared)`, in the same rounds.
+//! `gpushm (compared)`, in the same rounds; leading `NAME=value` words set its environment,
+//! and with nothing after them it is this build (`--compare
+//! "GPUSHM_BENCH_CONSUMER_SINK_PROPS=enable-last-sample=false"`).
 
 use crate::measure::{f, median};
 use crate::procs::{have, run, two_cpus, OTHER_BUILD, PIN};
@@ -189,8 +195,8 @@ pub fn throughput(args: &[String]) {
     }
     println!("\n## Medians of {rounds} round(s)\n");
     let cols = transports.join(" / ");
-    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} | streaming thread's sleeps/frame: alone / {cols} | streaming thread CPU µs/frame: alone / {cols} | buffers in rotation: alone / {cols} |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| size | mode | producer alone fps (mean of the runs before and after) | % of alone: {cols} | lowest–highest round: {cols} | producer CPU µs/frame: alone / {cols} | consumer CPU µs/frame: {cols} | producer faults/frame: alone / {cols} | producer sleeps/frame: alone / {cols} | streaming thread's sleeps/frame: alone / {cols} | streaming thread CPU µs/frame: alone / {cols} | buffers in rotation: alone / {cols} |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (si, &(name, ..)) in sizes.iter().enumerate() {
         for (mi, &copy) in modes.iter().enumerate() {
             let mode = if copy { "copy" } else { "pool" };
@@ -207,8 +213,23 @@ pub fn throughput(args: &[String]) {
                 }
                 v.join(" / ")
             };
+            // How far the rounds spread: on a shared machine a transport's rounds spread
+            // wider than the medians of two transports differ.
+            let spread = (0..transports.len())
+                .map(
+                    |ti| match (copy && !copies(transports[ti]), &figs[si][mi][ti].percent) {
+                        (false, v) if !v.is_empty() => {
+                            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+                            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                            format!("{lo:.0}–{hi:.0}")
+                        }
+                        _ => "n/a".into(),
+                    },
+                )
+                .collect::<Vec<_>>()
+                .join(" / ");
             println!(
-                "| {name} | {mode} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {name} | {mode} | {:.0} | {} | {spread} | {} | {} | {} | {} | {} | {} | {} |",
                 median(&alone_fps[si]),
                 row(|x| &x.percent, 1, false),
                 row(|x| &x.cpu, 0, true),
