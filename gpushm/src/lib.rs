@@ -13,6 +13,8 @@
 //! - [`names`]: stream names instead of socket paths.
 //! - [`inspect`]: what tools show of a stream (one schema for the `gpushm` command and Python).
 //! - [`format`](mod@format): raw video formats, plane geometry and caps strings, for apps.
+//! - [`frame_copy`]: the copy of a whole frame into a slot, for producers that do not render
+//!   in place.
 //! - [`time`]: the one mapping of a producer's timestamps into a consumer's running time.
 //! - [`cpu_latency`]: keeping the CPUs out of deep idle states for a low-latency stream.
 //! - [`cuda`] (feature `cuda`): registering host rings with CUDA, device rings.
@@ -25,6 +27,7 @@ pub mod cpu_latency;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod format;
+pub mod frame_copy;
 pub mod inspect;
 pub mod names;
 pub mod policy;

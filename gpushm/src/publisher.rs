@@ -143,7 +143,7 @@ impl Slot {
                 .copy_from_host(dst, frame)
                 .map_err(|e| Error::Invalid(e.to_string()));
         }
-        self.bytes_mut().copy_from_slice(frame);
+        crate::frame_copy::copy_frame(self.bytes_mut(), frame);
         Ok(())
     }
 

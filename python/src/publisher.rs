@@ -313,7 +313,7 @@ impl Publisher {
             }
             let dst = lease.bytes_mut();
             if n == self.layout.size as usize {
-                dst[..n].copy_from_slice(src);
+                gpushm::frame_copy::copy_frame(&mut dst[..n], src);
             } else {
                 let mut at = 0;
                 for p in &self.layout.planes {

@@ -127,7 +127,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             outref.set_size(buffer.size());
             let mut map = outref.map_writable().map_err(map_failed)?;
-            buffer.copy_to_slice(0, &mut map).map_err(|_| {
+            copy_buffer_into(buffer, &mut map).map_err(|_| {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Read,
@@ -145,7 +145,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             let mut map = outref.map_writable().map_err(map_failed)?;
             if let Some(dst) = map.get_mut(..info.size()) {
-                buffer.copy_to_slice(0, dst).map_err(|_| {
+                copy_buffer_into(buffer, dst).map_err(|_| {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
@@ -214,4 +214,23 @@ fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
     buffer
         .meta::<gst_video::VideoMeta>()
         .is_none_or(|m| same_layout(&m, info))
+}
+
+/// Fills `dst` with the first `dst.len()` bytes of `buffer`, memory by memory (no merged
+/// copy of a buffer of several memories), with the core's frame copy (streaming stores for a
+/// large frame: the producer never reads the slot again). Err if `buffer` is shorter or a
+/// memory cannot be mapped.
+fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8]) -> Result<(), ()> {
+    let mut at = 0;
+    for mem in buffer.iter_memories() {
+        if at == dst.len() {
+            break;
+        }
+        let map = mem.map_readable().map_err(|_| ())?;
+        at += gpushm::frame_copy::copy_frame(&mut dst[at..], &map);
+    }
+    match at == dst.len() {
+        true => Ok(()),
+        false => Err(()),
+    }
 }
