@@ -7,9 +7,9 @@
 //! every destination line into the cache before overwriting it and do not push the
 //! producer's own working set out of the cache. On the H200 machine that copied a 4K NV12 frame
 //! into ring slots in rotation 15–35 % faster than glibc's memcpy, and a 1080p one about 20 %
-//! (docs/benchmarks.md). glibc's memcpy streams too, but only above a threshold derived from
-//! the last-level cache per thread, which a VM that sees 300 MiB of cache for 16 CPUs puts
-//! above a 4K frame. The consumer then reads the frame from memory rather than from the
+//! (`bench copy`, docs/benchmarks.md). glibc's memcpy streams too, but only above a threshold
+//! it derives from the size of the last-level cache, which a VM that sees 300 MiB of cache
+//! puts above a 4K frame. The consumer then reads the frame from memory rather than from the
 //! shared cache, as it would after any copy that large on a busy machine.
 //!
 //! Small copies, and other architectures (Jetson's aarch64 among them), use the plain copy.

@@ -49,11 +49,13 @@
 //! mode, with the producer's CPU time, page faults and sleeps a frame, the consumer's CPU time,
 //! and medians; `--compare`: gpushm of another build too, see src/throughput.rs),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
-//! plain device memory).
+//! plain device memory), `bench copy [--rounds 2] [--frames 300]` (the copy of copy mode
+//! alone: glibc's memcpy against the core's frame_copy into memfd slots, see src/copy.rs).
 
 mod capi;
 mod cold;
 mod consume;
+mod copy;
 mod flood;
 mod floor;
 mod full;
@@ -131,6 +133,7 @@ fn main() {
             Ok(())
         }
         Some("cold") => cold(&args),
+        Some("copy") => crate::copy::copy(&args),
         Some("tiny") => {
             tiny_frames(num(&args, "--runs", 1).max(1), num(&args, "--spin-us", 300));
             Ok(())
