@@ -942,6 +942,50 @@ fn foreign_buffers_of_any_layout_arrive_with_their_pixels() {
     assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 2);
 }
 
+/// A large frame not from the pool (1.4 MiB) in two memories split at an odd byte, the
+/// second over `frame_copy`'s streaming threshold, is copied into its slot whole: every byte
+/// arrives, none is added.
+#[test]
+fn a_large_foreign_frame_in_two_memories_arrives_byte_exact() {
+    init();
+    let dir = tmpdir();
+    let sock = dir.path().join("large.sock");
+    let (w, h) = (1000usize, 1500usize);
+    let caps_str = format!("video/x-raw,format=GRAY8,width={w},height={h},framerate=25/1");
+    let mut sink = sink_harness(&sock, &caps_str);
+    let mut src = src_harness(&sock, true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sink.element().unwrap().property::<u32>("num-clients") == 0 {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    for n in 0..3u64 {
+        let bytes: Vec<u8> = (0..w * h)
+            .map(|i| ((i * 7 + (i >> 11) + n as usize * 13) % 251) as u8)
+            .collect();
+        // Split at an odd byte: the second memory, over 1 MiB itself, lands at an unaligned
+        // place of the slot (the streaming copy's unaligned head and tail).
+        let cut = 77_777 + n as usize;
+        let mut b = gst::Buffer::new();
+        {
+            let b = b.get_mut().unwrap();
+            b.append_memory(gst::Memory::from_slice(bytes[..cut].to_vec()));
+            b.append_memory(gst::Memory::from_slice(bytes[cut..].to_vec()));
+            b.set_offset(n);
+        }
+        assert_eq!(sink.push(b), Ok(gst::FlowSuccess::Ok));
+        let got = src.pull().expect("a frame");
+        assert_eq!(got.offset(), n);
+        let map = got.map_readable().unwrap();
+        assert_eq!(map.len(), w * h, "frame {n}");
+        if let Some(i) = (0..w * h).find(|&i| map[i] != bytes[i]) {
+            panic!("frame {n}: byte {i} is {} not {}", map[i], bytes[i]);
+        }
+    }
+    let stats = sink.element().unwrap().property::<gst::Structure>("stats");
+    assert_eq!(stats.get::<u64>("frames-copied").unwrap(), 3);
+}
+
 /// NV12 frames not from the pool: with a VideoMeta that agrees with the caps and trailing bytes
 /// after the frame (copied in one piece, the trailing bytes left out), and with the caps'
 /// strides but the UV plane further on (copied plane by plane). Both arrive with their pixels.

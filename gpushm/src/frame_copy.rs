@@ -1,13 +1,16 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Copying a whole frame into a ring slot: the copy a producer pays for every frame it does not
-//! render in place (gpushmsink's copy mode, `Slot::copy_from`, Python's `publish` of an array).
+//! render in place (gpushmsink's copy mode, `Slot::fill_from_host`, Python's `publish` of an
+//! array).
 //!
 //! A frame copied into a slot is read next by a consumer, never by the producer, so on x86_64
 //! the copy of a large frame writes with streaming (non-temporal) stores: they skip reading
 //! every destination line into the cache before overwriting it and do not push the
-//! producer's own working set out of the cache. On the H200 machine that copied a 4K NV12 frame
-//! into ring slots in rotation 15–35 % faster than glibc's memcpy, and a 1080p one about 20 %
-//! (`bench copy`, docs/benchmarks.md). glibc's memcpy streams too, but only above a threshold
+//! producer's own working set out of the cache. On the H200 machine the copy of a 4K NV12
+//! frame into ring slots in turn took 15–35 % less time than with glibc's memcpy, of a 1080p
+//! one about 25 % and of a 720p one about 13 % (`bench copy`, docs/benchmarks.md). Not for a
+//! slot the producer reads back (a device ring's host staging bytes, which go to the GPU next):
+//! gpushmsink copies those plainly. glibc's memcpy streams too, but only above a threshold
 //! it derives from the size of the last-level cache, which a VM that sees 300 MiB of cache
 //! puts above a 4K frame. The consumer then reads the frame from memory rather than from the
 //! shared cache, as it would after any copy that large on a busy machine.
@@ -18,8 +21,8 @@
 pub const STREAMING_MIN: usize = 1 << 20;
 
 /// Copies `src` into `dst`, the first `min(dst.len(), src.len())` bytes; returns how many.
-/// Everything copied is visible to other threads' and processes' loads once this returns, to
-/// the same extent as after a plain copy (the streaming stores are fenced).
+/// The streaming stores are fenced: they are ordered before any later store, so the release
+/// store that publishes the frame covers them as it covers a plain copy.
 pub fn copy_frame(dst: &mut [u8], src: &[u8]) -> usize {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);

@@ -143,7 +143,12 @@ impl Slot {
                 .copy_from_host(dst, frame)
                 .map_err(|e| Error::Invalid(e.to_string()));
         }
-        crate::frame_copy::copy_frame(self.bytes_mut(), frame);
+        let copied = crate::frame_copy::copy_frame(self.bytes_mut(), frame);
+        if copied != size {
+            return Err(Error::Invalid(format!(
+                "the slot holds {copied} of the frame's {size} bytes"
+            )));
+        }
         Ok(())
     }
 

@@ -101,13 +101,15 @@ impl GpuShmSink {
 
     /// Copies `buffer` into a free slot of the pool; returns the pool buffer. Raw video
     /// (`info`) laid out as the caps say is copied in one piece, other layouts plane by plane
-    /// into the pool's layout; anything else byte for byte.
+    /// into the pool's layout; anything else byte for byte. `device_ring`: the slot's host
+    /// bytes go on to the GPU next, so they are copied plainly (see `copy_buffer_into`).
     pub(super) fn copy_into_slot(
         &self,
         pool: &SlotPool,
         info: Option<&gst_video::VideoInfo>,
         caps: &gst::Caps,
         buffer: &gst::Buffer,
+        device_ring: bool,
     ) -> Result<gst::Buffer, gst::FlowError> {
         self.activate(pool, info, caps)?;
         let mut out = pool.acquire_buffer(None)?;
@@ -127,7 +129,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             outref.set_size(buffer.size());
             let mut map = outref.map_writable().map_err(map_failed)?;
-            copy_buffer_into(buffer, &mut map).map_err(|_| {
+            copy_buffer_into(buffer, &mut map, !device_ring).map_err(|_| {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Read,
@@ -145,7 +147,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             let mut map = outref.map_writable().map_err(map_failed)?;
             if let Some(dst) = map.get_mut(..info.size()) {
-                copy_buffer_into(buffer, dst).map_err(|_| {
+                copy_buffer_into(buffer, dst, !device_ring).map_err(|_| {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
@@ -217,17 +219,26 @@ fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
 }
 
 /// Fills `dst` with the first `dst.len()` bytes of `buffer`, memory by memory (no merged
-/// copy of a buffer of several memories), with the core's frame copy (streaming stores for a
-/// large frame: the producer never reads the slot again). Err if `buffer` is shorter or a
+/// copy of a buffer of several memories). `streaming`: with the core's frame copy (streaming
+/// stores for a large frame), for a slot the producer never reads again; not for a device
+/// ring's host bytes, which the copy to the GPU reads next. Err if `buffer` is shorter or a
 /// memory cannot be mapped.
-fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8]) -> Result<(), ()> {
+fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8], streaming: bool) -> Result<(), ()> {
     let mut at = 0;
     for mem in buffer.iter_memories() {
         if at == dst.len() {
             break;
         }
         let map = mem.map_readable().map_err(|_| ())?;
-        at += gpushm::frame_copy::copy_frame(&mut dst[at..], &map);
+        let n = map.len().min(dst.len() - at);
+        match streaming {
+            true => gpushm::frame_copy::copy_frame(&mut dst[at..at + n], &map[..n]),
+            false => {
+                dst[at..at + n].copy_from_slice(&map[..n]);
+                n
+            }
+        };
+        at += n;
     }
     match at == dst.len() {
         true => Ok(()),

@@ -230,7 +230,13 @@ impl GpuShmSink {
         }
         let mut out = match (&info, cuda_input) {
             (Some(i), true) => self.copy_cuda_into_slot(pool, i, &caps_of()?, buffer)?,
-            _ => self.copy_into_slot(pool, info.as_deref(), &caps_of()?, buffer)?,
+            _ => self.copy_into_slot(
+                pool,
+                info.as_deref(),
+                &caps_of()?,
+                buffer,
+                crate::cuda::vmm::of(ring.attachment()).is_some(),
+            )?,
         };
         server.count_copy();
         let slot = pool.slot_of(&out).ok_or(gst::FlowError::Error)?;

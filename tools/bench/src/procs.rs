@@ -57,7 +57,7 @@ pub fn run_format(
         // break); with nothing after them, it is this build.
         let mut c = match &other {
             Some(cmd) => {
-                let vars = cmd.iter().take_while(|w| w.contains('=')).count();
+                let vars = cmd.iter().take_while(|w| is_assignment(w)).count();
                 let mut c = match cmd.get(vars) {
                     Some(program) => Command::new(program),
                     None => Command::new(&exe),
@@ -278,6 +278,17 @@ pub fn two_cpus() -> Option<(usize, usize)> {
         [.., a, b] => Some((a, b)),
         _ => None,
     }
+}
+
+/// Whether `word` of `--compare` is `NAME=value` with NAME a variable's name (letters, digits
+/// and `_`, not starting with a digit): a program's path with a `=` in it is not one.
+fn is_assignment(word: &str) -> bool {
+    word.split_once('=').is_some_and(|(name, _)| {
+        name.chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
 }
 
 /// Runs the process `c` starts on `cpu` only (its threads inherit it).

@@ -218,9 +218,11 @@ pub fn throughput(args: &[String]) {
             let spread = (0..transports.len())
                 .map(
                     |ti| match (copy && !copies(transports[ti]), &figs[si][mi][ti].percent) {
-                        (false, v) if !v.is_empty() => {
-                            let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-                            let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                        // Rounds whose consumer failed (NaN) left out, as median() does.
+                        (false, v) if v.iter().any(|x| x.is_finite()) => {
+                            let finite = || v.iter().copied().filter(|x| x.is_finite());
+                            let lo = finite().fold(f64::INFINITY, f64::min);
+                            let hi = finite().fold(f64::NEG_INFINITY, f64::max);
                             format!("{lo:.0}–{hi:.0}")
                         }
                         _ => "n/a".into(),
