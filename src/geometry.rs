@@ -7,6 +7,24 @@ fn components_of_plane(info: &gst_video::VideoInfo, p: usize) -> impl Iterator<I
     (0..finfo.n_components() as u8).filter(move |&c| finfo.plane()[c as usize] as usize == p)
 }
 
+/// Adds the GstVideoMeta of a frame laid out as `info` says (the caps' own offsets and
+/// strides): a ring slot's layout, or a buffer made for the caps.
+pub fn add_caps_layout_meta(
+    b: &mut gst::BufferRef,
+    info: &gst_video::VideoInfo,
+) -> Result<(), gst::glib::BoolError> {
+    gst_video::VideoMeta::add_full(
+        b,
+        gst_video::VideoFrameFlags::empty(),
+        info.format(),
+        info.width(),
+        info.height(),
+        info.offset(),
+        info.stride(),
+    )
+    .map(|_| ())
+}
+
 /// Rows of plane `p`.
 pub fn plane_rows(info: &gst_video::VideoInfo, p: usize) -> usize {
     components_of_plane(info, p)

@@ -391,7 +391,7 @@ impl Inner {
         {
             let b = buffer.get_mut().ok_or(gst::FlowError::Error)?;
             b.append_memory(mem);
-            super::pool::add_slot_video_meta(b, &info).map_err(|_| gst::FlowError::Error)?;
+            crate::geometry::add_caps_layout_meta(b, &info).map_err(|_| gst::FlowError::Error)?;
         }
         Ok(buffer)
     }

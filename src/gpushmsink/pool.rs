@@ -104,8 +104,8 @@ impl SlotPool {
         })
     }
 
-    /// Deactivates the pool for good: its ring was replaced. A CUDA pool over it that upstream
-    /// starts again does not bring it back ([`Self::is_retired`]).
+    /// Deactivates the pool for good: its ring was replaced, or the sink stopped. A CUDA pool
+    /// over it that upstream starts again does not bring it back ([`Self::is_retired`]).
     pub fn retire(&self) {
         self.imp()
             .state
@@ -163,24 +163,6 @@ pub unsafe fn is_flushing(pool: *mut gst::ffi::GstBufferPool) -> bool {
             .load(Ordering::SeqCst)
             != 0
     }
-}
-
-/// The GstVideoMeta of a frame laid out in a slot as `info` says (the caps' own layout,
-/// which is the ring's).
-pub fn add_slot_video_meta(
-    b: &mut gst::BufferRef,
-    info: &gst_video::VideoInfo,
-) -> Result<(), glib::BoolError> {
-    gst_video::VideoMeta::add_full(
-        b,
-        gst_video::VideoFrameFlags::empty(),
-        info.format(),
-        info.width(),
-        info.height(),
-        info.offset(),
-        info.stride(),
-    )
-    .map(|_| ())
 }
 
 /// Makes the memory of a published pool buffer read-only until the buffer is back in the
@@ -569,7 +551,7 @@ mod imp {
                     );
                 }
                 if let Some(info) = &st.video_info {
-                    let _ = add_slot_video_meta(b, info);
+                    let _ = crate::geometry::add_caps_layout_meta(b, info);
                 }
             }
             Ok(buffer)

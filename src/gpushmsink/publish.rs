@@ -162,6 +162,8 @@ impl GpuShmSink {
                 warned.extend(new.into_iter().cloned());
             }
         }
+        // A device ring: a frame in a slot's host bytes goes on to the GPU.
+        let device_mem = crate::cuda::vmm::of(ring.attachment());
         let publish = |slot: u32, mut meta: FrameMeta| {
             meta.has_metas = frame_metas.is_some();
             server.set_frame_metas(frame_metas.as_deref());
@@ -171,8 +173,7 @@ impl GpuShmSink {
             meta.live = live;
             if cuda_input {
                 // Copied on the GPU already (copy_cuda_into_slot).
-            } else if let Some(mem) = crate::cuda::vmm::of(ring.attachment()) {
-                // A device ring: the frame, in the slot's host bytes, goes to the GPU.
+            } else if let Some(mem) = device_mem {
                 self.copy_slot_to_device(mem, ring, slot, meta.payload_size)?;
             }
             server
@@ -235,7 +236,7 @@ impl GpuShmSink {
                 info.as_deref(),
                 &caps_of()?,
                 buffer,
-                crate::cuda::vmm::of(ring.attachment()).is_some(),
+                device_mem.is_some(),
             )?,
         };
         server.count_copy();

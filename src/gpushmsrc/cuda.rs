@@ -304,16 +304,7 @@ impl GpuShmSrc {
         } else {
             let mut b = gst::Buffer::with_size(info.size()).map_err(|_| fail("system memory"))?;
             let bm = b.get_mut().ok_or_else(|| fail("system memory"))?;
-            gst_video::VideoMeta::add_full(
-                bm,
-                gst_video::VideoFrameFlags::empty(),
-                info.format(),
-                info.width(),
-                info.height(),
-                info.offset(),
-                info.stride(),
-            )
-            .map_err(|_| fail("system memory"))?;
+            crate::geometry::add_caps_layout_meta(bm, &info).map_err(|_| fail("system memory"))?;
             b
         };
         {
