@@ -50,7 +50,10 @@
 //! and medians; `--compare`: gpushm of another build too, see src/throughput.rs),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory), `bench copy [--rounds 2] [--frames 300]` (the copy of copy mode
-//! alone: glibc's memcpy against the core's frame_copy into memfd slots, see src/copy.rs).
+//! alone: glibc's memcpy against the core's frame_copy into memfd slots, see src/copy.rs),
+//! `bench render [--rounds 5]` (upstream's render alone, a cached frame's planes copied whole
+//! as GStreamer 1.26's videotestsrc does, by where the buffer lies: its offset in a page,
+//! private or shared memory, two or three buffers in rotation; see src/render.rs).
 
 mod capi;
 mod cold;
@@ -65,6 +68,7 @@ mod measure;
 mod plot;
 mod procs;
 mod produce;
+mod render;
 mod throughput;
 mod tiny;
 mod transport;
@@ -134,6 +138,7 @@ fn main() {
         }
         Some("cold") => cold(&args),
         Some("copy") => crate::copy::copy(&args),
+        Some("render") => crate::render::render(&args),
         Some("tiny") => {
             tiny_frames(num(&args, "--runs", 1).max(1), num(&args, "--spin-us", 300));
             Ok(())

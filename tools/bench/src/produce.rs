@@ -170,6 +170,36 @@ pub fn produce(args: &[String]) -> Result<(), String> {
         .downcast::<gst::Bin>()
         .map_err(|_| "not a bin")?;
     let sink_el = bin.by_name("sink").ok_or("no sink")?;
+    // GPUSHM_BENCH_ALONE_ALIGN (bytes, a power of two): the producer alone's buffers start at
+    // that alignment, as a transport's slots do (a page: 4096). videotestsrc's own pool takes
+    // the allocation parameters downstream answers with; fakesink answers none, so its
+    // buffers lie where the system allocator puts them, at the same page offset as the frame
+    // videotestsrc caches and copies from (see src/render.rs).
+    if transport == "none" {
+        if let Some(align) = std::env::var("GPUSHM_BENCH_ALONE_ALIGN")
+            .ok()
+            .and_then(|a| a.parse::<usize>().ok())
+            .filter(|a| a.is_power_of_two())
+        {
+            sink_el.static_pad("sink").ok_or("no pad")?.add_probe(
+                gst::PadProbeType::QUERY_DOWNSTREAM,
+                move |_, info| {
+                    if let Some(q) = info.query_mut() {
+                        if let gst::QueryViewMut::Allocation(q) = q.view_mut() {
+                            let params = gst::AllocationParams::new(
+                                gst::MemoryFlags::empty(),
+                                align - 1,
+                                0,
+                                0,
+                            );
+                            q.add_allocation_param(None::<&gst::Allocator>, params);
+                        }
+                    }
+                    gst::PadProbeReturn::Ok
+                },
+            );
+        }
+    }
     // first, last, count, CPU time at the first frame, minor faults and voluntary context
     // switches at the first frame
     let times = Arc::new(Mutex::new((0u64, 0u64, 0u64, 0u64, 0u64, 0u64)));
@@ -256,9 +286,12 @@ pub fn produce(args: &[String]) -> Result<(), String> {
     let per_frame = |n: u64| n as f64 / count.saturating_sub(1).max(1) as f64;
     let (ss0, ss1) = *stream_sleeps.lock().unwrap();
     let (sc0, sc1) = *stream_cpu.lock().unwrap();
-    let rotation = rotation.lock().unwrap().len();
+    let (rotation, page_offset) = {
+        let r = rotation.lock().unwrap();
+        (r.len(), r.iter().min().map_or(-1, |a| (a % 4096) as i64))
+    };
     println!(
-        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2} stream_sleeps_per_frame={:.2} stream_cpu_us_per_frame={:.1} rotation={rotation}",
+        "PRODUCER frames={count} fps={fps:.1} cpu_us_per_frame={:.1} rss_kib={rss} copied={copied} faults_per_frame={:.2} sleeps_per_frame={:.2} stream_sleeps_per_frame={:.2} stream_cpu_us_per_frame={:.1} rotation={rotation} page_offset={page_offset}",
         per_frame(cpu_us),
         per_frame(faults.saturating_sub(faults0)),
         per_frame(voluntary.saturating_sub(voluntary0)),

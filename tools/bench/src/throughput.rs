@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MPL-2.0
 //! Throughput only (`bench throughput [--rounds 3] [--scale 1] [--pin] [--pool-only | --copy-only]
-//! [--sizes 720p,1080p,4K] [--compare "CMD"]`): a producer flat out
+//! [--sizes 720p,1080p,4K] [--compare "CMD"] [--aligned-alone]`): a producer flat out
 //! into a lossless consumer, against the same producer alone, at 720p, 1080p and 4K NV12, in
 //! pool mode (upstream renders into the sink's buffers) and copy mode (the sink copies), for
 //! gpushm, shm and unixfd (when installed). Rounds alternate the transports' order; the table
@@ -25,6 +25,13 @@
 //! `gpushm (compared)`, in the same rounds; leading `NAME=value` words set its environment,
 //! and with nothing after them it is this build (`--compare
 //! "GPUSHM_BENCH_CONSUMER_SINK_PROPS=enable-last-sample=false"`).
+//!
+//! `--aligned-alone` adds the producer alone with its buffers starting at a page, as every
+//! transport's do (`alone, page-aligned`, pool mode, measured against the producer alone like
+//! a transport). GStreamer 1.26's videotestsrc renders a solid color by copying the planes of
+//! a frame it cached; its own buffers lie at the same offset in a page as that frame, so its
+//! copies are aligned alike, which a page-aligned slot's are not (`bench render` measures the
+//! copy alone). The table's last line says where each run's buffers started.
 
 use crate::measure::{f, median};
 use crate::procs::{have, run, two_cpus, OTHER_BUILD, PIN};
@@ -32,6 +39,9 @@ use crate::{num, unixfdsink_copies};
 
 /// The label of gpushm run by the build `--compare` names.
 const COMPARED: &str = "gpushm (compared)";
+
+/// The label of the producer alone with page-aligned buffers (`--aligned-alone`).
+const ALIGNED: &str = "alone, page-aligned";
 
 /// One transport's figures over the rounds of one size and mode.
 #[derive(Default, Clone)]
@@ -99,7 +109,11 @@ pub fn throughput(args: &[String]) {
     if have("unixfdsink") {
         transports.push("unixfd");
     }
-    let copies = |t: &str| t != "unixfd" || unixfdsink_copies();
+    if args.iter().any(|a| a == "--aligned-alone") {
+        transports.push(ALIGNED);
+    }
+    // The producer alone's copy mode is its pool mode: only pool mode has the aligned run.
+    let copies = |t: &str| t != ALIGNED && (t != "unixfd" || unixfdsink_copies());
     let modes: &[bool] = if args.iter().any(|a| a == "--pool-only") {
         &[false]
     } else if args.iter().any(|a| a == "--copy-only") {
@@ -125,6 +139,8 @@ pub fn throughput(args: &[String]) {
     let mut figs = vec![vec![vec![Figures::default(); transports.len()]; 2]; sizes.len()];
     let mut alone = vec![Figures::default(); sizes.len()];
     let mut alone_fps = vec![Vec::new(); sizes.len()];
+    // Where in a page upstream's buffers start, by transport (the last run's).
+    let mut offsets = std::collections::BTreeMap::<&str, f64>::new();
     for round in 0..rounds {
         for (si, &(name, w, h, frames)) in sizes.iter().enumerate() {
             let alone_run = |when: &str| {
@@ -157,8 +173,15 @@ pub fn throughput(args: &[String]) {
                         continue;
                     }
                     *OTHER_BUILD.lock().unwrap() = compare.clone().filter(|_| t == COMPARED);
+                    if t == ALIGNED {
+                        std::env::set_var("GPUSHM_BENCH_ALONE_ALIGN", "4096");
+                    }
                     let r = run(
-                        if t == COMPARED { "gpushm" } else { t },
+                        match t {
+                            COMPARED => "gpushm",
+                            ALIGNED => "none",
+                            t => t,
+                        },
                         w,
                         h,
                         frames,
@@ -166,17 +189,24 @@ pub fn throughput(args: &[String]) {
                         copy,
                         false,
                     );
+                    std::env::remove_var("GPUSHM_BENCH_ALONE_ALIGN");
                     *OTHER_BUILD.lock().unwrap() = None;
                     runs.push((mi, mode, ti, t, r));
                 }
             }
             let b = alone_run("after");
+            offsets.insert("alone", f(&b.producer, "page_offset"));
             let own = (f(&a.producer, "fps") + f(&b.producer, "fps")) / 2.0;
             alone_fps[si].push(own);
             alone[si].push(&a.producer, &None, 100.0);
             alone[si].push(&b.producer, &None, 100.0);
             for (mi, mode, ti, t, r) in runs {
-                let delivered = f(&r.consumer, "fps");
+                // The producer alone, aligned, has no consumer: its own pace.
+                let delivered = match t {
+                    ALIGNED => f(&r.producer, "fps"),
+                    _ => f(&r.consumer, "fps"),
+                };
+                offsets.insert(t, f(&r.producer, "page_offset"));
                 let percent = 100.0 * delivered / own;
                 figs[si][mi][ti].push(&r.producer, &r.consumer, percent);
                 println!(
@@ -243,6 +273,17 @@ pub fn throughput(args: &[String]) {
                 row(|x| &x.rotation, 0, true),
             );
         }
+    }
+    let at: Vec<String> = offsets
+        .iter()
+        .filter(|(_, o)| o.is_finite() && **o >= 0.0)
+        .map(|(t, o)| format!("{t} {:#x}", *o as u64))
+        .collect();
+    if !at.is_empty() {
+        println!(
+            "\nWhere in a page the frames upstream rendered into start (the last run of each): {}.",
+            at.join(", ")
+        );
     }
     if transports.contains(&"unixfd") && !unixfdsink_copies() {
         println!("\nunixfd copy mode: n/a, unixfdsink before GStreamer 1.28 takes only memory backed by a file descriptor (see `bench`).");
