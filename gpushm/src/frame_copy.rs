@@ -4,37 +4,178 @@
 //! array).
 //!
 //! A frame copied into a slot is read next by a consumer, never by the producer, so on x86_64
-//! the copy of a large frame writes with streaming (non-temporal) stores: they skip reading
+//! the copy of a large frame can write with streaming (non-temporal) stores: they skip reading
 //! every destination line into the cache before overwriting it and do not push the
-//! producer's own working set out of the cache. On the H200 machine the copy of a 4K NV12
-//! frame into ring slots in turn took 15–35 % less time than with glibc's memcpy, of a 1080p
-//! one about 25 % and of a 720p one about 13 % (`bench copy`, docs/benchmarks.md). Not for a
-//! slot the producer reads back (a device ring's host staging bytes, which go to the GPU next):
-//! gpushmsink copies those plainly. glibc's memcpy streams too, but only above a threshold
-//! it derives from the size of the last-level cache, which a VM that sees 300 MiB of cache
-//! puts above a 4K frame. The consumer then reads the frame from memory rather than from the
-//! shared cache, as it would after any copy that large on a busy machine.
+//! producer's own working set out of the cache. Whether that is faster depends on the machine:
 //!
+//! - on the H200 machine (a VM on a host whose last-level cache other tenants share) the copy
+//!   of a 4K NV12 frame into ring slots in turn took 15–35 % less time than glibc's memcpy, of
+//!   a 1080p one about 25 % and of a 720p one about 13 %;
+//! - on the 2-core AMD EPYC VM (32 MiB of last-level cache of its own) a 4K frame took 36 %
+//!   less, but 720p and 1080p frames 15–25 % more: three slots of them fit in its cache, where
+//!   plain stores find their lines.
+//!
+//! (`bench copy`, docs/benchmarks.md.) No size threshold suits both, and the cache size a VM
+//! reports does not say how much of it is ours (the H200 VM sees 300 MiB), so [`copy_frame`]
+//! learns it: for each size class, after the first [`WARMUP`] copies, the first copies of
+//! every [`RECHECK`] go half one way, half the other, timed, and the way clearly faster takes
+//! the rest. Both ways copy the same bytes;
+//! only the time differs.
+//!
+//! Not for a slot the producer reads back (a device ring's host staging bytes, which go to the
+//! GPU next): gpushmsink copies those plainly. A consumer reads a streamed frame from memory
+//! rather than from the shared cache, as it would after any copy that large on a busy machine.
 //! Small copies, and other architectures (Jetson's aarch64 among them), use the plain copy.
 
-/// Copies at or above this many bytes use streaming stores (a 720p NV12 frame is 1.4 MB).
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+/// Copies at or above this many bytes may use streaming stores (a 720p NV12 frame is 1.4 MB):
+/// below it, the plain copy (a frame that small stays in the cache anyway).
 pub const STREAMING_MIN: usize = 1 << 20;
 
+/// How a large copy writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Way {
+    /// glibc's memcpy (through `copy_from_slice`).
+    Plain,
+    /// Streaming stores on x86_64 (the plain copy elsewhere).
+    Streaming,
+}
+
 /// Copies `src` into `dst`, the first `min(dst.len(), src.len())` bytes; returns how many.
-/// The streaming stores are fenced: they are ordered before any later store, so the release
-/// store that publishes the frame covers them as it covers a plain copy.
+/// A copy of [`STREAMING_MIN`] bytes or more goes the way learnt fastest for its size on this
+/// machine (see the module's doc). The streaming stores are fenced: they are ordered before any
+/// later store, so the release store that publishes the frame covers them as it covers a plain
+/// copy.
 pub fn copy_frame(dst: &mut [u8], src: &[u8]) -> usize {
+    let n = dst.len().min(src.len());
+    if n < STREAMING_MIN || !cfg!(target_arch = "x86_64") {
+        return copy_frame_with(Way::Plain, dst, src);
+    }
+    let learnt = &LEARNT[size_class(n)];
+    let (way, timed) = learnt.next();
+    if !timed {
+        return copy_frame_with(way, dst, src);
+    }
+    let start = std::time::Instant::now();
+    copy_frame_with(way, dst, src);
+    learnt.record(way, start.elapsed().as_nanos() as u64, n as u64);
+    n
+}
+
+/// [`copy_frame`] one given way, whatever the size (`bench copy` compares them).
+pub fn copy_frame_with(way: Way, dst: &mut [u8], src: &[u8]) -> usize {
     let n = dst.len().min(src.len());
     let (dst, src) = (&mut dst[..n], &src[..n]);
     #[cfg(target_arch = "x86_64")]
-    if n >= STREAMING_MIN {
+    if way == Way::Streaming {
         // SAFETY: two slices of n bytes each; they cannot overlap (one is borrowed mutably).
         unsafe { x86_64::stream_copy(dst.as_mut_ptr(), src.as_ptr(), n) };
         return n;
     }
+    let _ = way;
     dst.copy_from_slice(src);
     n
 }
+
+/// Copies of a size class between two learnings: the first [`PROBE`] are timed.
+pub const RECHECK: u64 = 1024;
+/// The timed copies at the start of each [`RECHECK`]: half plainly, then half streaming, each
+/// half in a row. The first [`SETTLE`] of each half are not counted: they pay for the way of
+/// the copies before them (a plain copy into a slot last written with streaming stores finds
+/// none of its lines in the cache), and a ring has several slots in turn.
+const PROBE: u64 = 32;
+const SETTLE: u64 = 6;
+/// A window's probes change the way only if the other one took less than this share of the
+/// current one's time a byte.
+const SWITCH_BELOW: f64 = 0.9;
+/// Copies of a size class before its first probe, the way learnt by default (streaming): the
+/// first copy into each slot of a ring faults its pages in, which would count against
+/// whichever way probed first.
+pub const WARMUP: u64 = 64;
+/// Size classes: 1–2 MiB, 2–4, ... and 64 MiB or more.
+const CLASSES: usize = 7;
+
+fn size_class(n: usize) -> usize {
+    ((n / STREAMING_MIN).max(1).ilog2() as usize).min(CLASSES - 1)
+}
+
+/// What one size class learnt. Atomics, shared by every copier in the process (sinks,
+/// publishers, Python): two threads learning at once only mix their timings, and either way
+/// copies the same bytes.
+struct Learnt {
+    /// Copies of this class so far.
+    copies: AtomicU64,
+    /// This window's counted probes: their time (ns) and bytes, plain then streaming.
+    ns: [AtomicU64; 2],
+    bytes: [AtomicU64; 2],
+    counted: AtomicU64,
+    /// The way learnt (streaming until a window says otherwise).
+    streaming: AtomicBool,
+}
+
+impl Learnt {
+    const fn new() -> Self {
+        Learnt {
+            copies: AtomicU64::new(0),
+            ns: [AtomicU64::new(0), AtomicU64::new(0)],
+            bytes: [AtomicU64::new(0), AtomicU64::new(0)],
+            counted: AtomicU64::new(0),
+            streaming: AtomicBool::new(true),
+        }
+    }
+
+    /// The way of the next copy, and whether it is a probe to time.
+    fn next(&self) -> (Way, bool) {
+        let copies = self.copies.fetch_add(1, Relaxed);
+        let i = copies.wrapping_sub(WARMUP) % RECHECK;
+        if copies >= WARMUP && i < PROBE {
+            let way = if i < PROBE / 2 {
+                Way::Plain
+            } else {
+                Way::Streaming
+            };
+            return (way, i % (PROBE / 2) >= SETTLE);
+        }
+        let way = match self.streaming.load(Relaxed) {
+            true => Way::Streaming,
+            false => Way::Plain,
+        };
+        (way, false)
+    }
+
+    /// A probe took `ns` for `bytes`; the window's last one decides the way.
+    fn record(&self, way: Way, ns: u64, bytes: u64) {
+        let k = (way == Way::Streaming) as usize;
+        self.ns[k].fetch_add(ns, Relaxed);
+        self.bytes[k].fetch_add(bytes, Relaxed);
+        if self.counted.fetch_add(1, Relaxed) + 1 < PROBE - 2 * SETTLE {
+            return;
+        }
+        let per_byte = |k: usize| {
+            let b = self.bytes[k].swap(0, Relaxed);
+            self.ns[k].swap(0, Relaxed) as f64 / b.max(1) as f64
+        };
+        let (plain, streaming) = (per_byte(0), per_byte(1));
+        self.counted.store(0, Relaxed);
+        // A window with no time for one way (the clock too coarse) keeps the way learnt, and
+        // so does one where the other way is not clearly faster: ten probes a way are few,
+        // and a wrong switch costs a whole window (at 4K on the H200 machine, plain copies
+        // take half as long again).
+        if plain > 0.0 && streaming > 0.0 {
+            let now_streaming = self.streaming.load(Relaxed);
+            let (current, other) = match now_streaming {
+                true => (streaming, plain),
+                false => (plain, streaming),
+            };
+            if other < current * SWITCH_BELOW {
+                self.streaming.store(!now_streaming, Relaxed);
+            }
+        }
+    }
+}
+
+static LEARNT: [Learnt; CLASSES] = [const { Learnt::new() }; CLASSES];
 
 #[cfg(target_arch = "x86_64")]
 mod x86_64 {
@@ -104,17 +245,100 @@ mod tests {
         for &n in &sizes {
             for (so, dof) in [(0, 0), (1, 0), (0, 1), (13, 50), (63, 63), (32, 16)] {
                 let src = pattern(n + so, 7);
-                let mut dst = vec![0xAAu8; n + dof + 8];
-                let copied = copy_frame(&mut dst[dof..dof + n], &src[so..]);
-                assert_eq!(copied, n, "n={n} src+{so} dst+{dof}");
-                assert!(dst[..dof].iter().all(|&b| b == 0xAA), "before, n={n}");
-                assert!(
-                    dst[dof..dof + n] == src[so..so + n],
-                    "n={n} src+{so} dst+{dof}"
-                );
-                assert!(dst[dof + n..].iter().all(|&b| b == 0xAA), "after, n={n}");
+                // Each way on its own, and the way copy_frame learns.
+                for way in [Some(Way::Plain), Some(Way::Streaming), None] {
+                    let mut dst = vec![0xAAu8; n + dof + 8];
+                    let copied = match way {
+                        Some(w) => copy_frame_with(w, &mut dst[dof..dof + n], &src[so..]),
+                        None => copy_frame(&mut dst[dof..dof + n], &src[so..]),
+                    };
+                    let at = format!("n={n} src+{so} dst+{dof} {way:?}");
+                    assert_eq!(copied, n, "{at}");
+                    assert!(dst[..dof].iter().all(|&b| b == 0xAA), "before, {at}");
+                    assert!(dst[dof..dof + n] == src[so..so + n], "{at}");
+                    assert!(dst[dof + n..].iter().all(|&b| b == 0xAA), "after, {at}");
+                }
             }
         }
+    }
+
+    /// Runs one window of [`RECHECK`] copies through `l`, the probes timed at `plain` and
+    /// `streaming` ns a byte; returns the ways of the copies after the probes.
+    fn window(l: &Learnt, plain: u64, streaming: u64) -> Vec<Way> {
+        let mut after = Vec::new();
+        for i in 0..RECHECK {
+            let (way, timed) = l.next();
+            if i < PROBE {
+                let expect = if i < PROBE / 2 {
+                    Way::Plain
+                } else {
+                    Way::Streaming
+                };
+                assert_eq!(way, expect, "probe {i}");
+                // The first copies after a change of way are not counted.
+                assert_eq!(timed, i % (PROBE / 2) >= SETTLE, "probe {i}");
+            } else {
+                assert!(!timed, "copy {i}");
+                after.push(way);
+            }
+            if timed {
+                let per = if way == Way::Plain { plain } else { streaming };
+                l.record(way, per * 1000, 1000);
+            }
+        }
+        after
+    }
+
+    /// Each window's probes decide the way of the rest of it: the one clearly faster, learnt
+    /// afresh every window (a machine whose load changes), kept when the clock said nothing or
+    /// the other was not clearly faster.
+    #[test]
+    fn the_faster_way_takes_the_copies_after_each_window_s_probes() {
+        let l = Learnt::new();
+        for _ in 0..WARMUP {
+            assert_eq!(l.next(), (Way::Streaming, false), "warming up");
+        }
+        let after = window(&l, 1, 2);
+        assert!(after.iter().all(|&w| w == Way::Plain), "plain was faster");
+        let after = window(&l, 3, 2);
+        assert!(
+            after.iter().all(|&w| w == Way::Streaming),
+            "streaming was faster"
+        );
+        let after = window(&l, 0, 0);
+        assert!(
+            after.iter().all(|&w| w == Way::Streaming),
+            "no timing: kept"
+        );
+        let after = window(&l, 2, 5);
+        assert!(after.iter().all(|&w| w == Way::Plain), "plain again");
+        // Not clearly faster: no switch, either way.
+        let after = window(&l, 100, 95);
+        assert!(
+            after.iter().all(|&w| w == Way::Plain),
+            "streaming 5 % faster: kept"
+        );
+        let after = window(&l, 100, 80);
+        assert!(
+            after.iter().all(|&w| w == Way::Streaming),
+            "streaming 20 % faster"
+        );
+        let after = window(&l, 95, 100);
+        assert!(
+            after.iter().all(|&w| w == Way::Streaming),
+            "plain 5 % faster: kept"
+        );
+    }
+
+    /// Sizes fall into their classes, the largest ones into the last.
+    #[test]
+    fn size_classes() {
+        assert_eq!(size_class(STREAMING_MIN), 0);
+        assert_eq!(size_class(2 * STREAMING_MIN - 1), 0);
+        assert_eq!(size_class(1382400), 0); // 720p NV12
+        assert_eq!(size_class(3110400), 1); // 1080p
+        assert_eq!(size_class(12441600), 3); // 4K
+        assert_eq!(size_class(usize::MAX), CLASSES - 1);
     }
 
     /// Slices of different lengths: the shorter decides, the rest of the destination stays.

@@ -50,7 +50,8 @@
 //! and medians; `--compare`: gpushm of another build too, see src/throughput.rs),
 //! `bench device-ring` (a 4K frame read by a CUDA kernel from a device ring, the host ring and
 //! plain device memory), `bench copy [--rounds 2] [--frames 300]` (the copy of copy mode
-//! alone: glibc's memcpy against the core's frame_copy into memfd slots, see src/copy.rs),
+//! alone: glibc's memcpy, streaming stores and the core's frame_copy into memfd slots, see
+//! src/copy.rs),
 //! `bench render [--rounds 5]` (upstream's render alone, a cached frame's planes copied whole
 //! as GStreamer 1.26's videotestsrc does, by where the buffer lies: its offset in a page,
 //! private or shared memory, two or three buffers in rotation; see src/render.rs).
