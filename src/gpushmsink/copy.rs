@@ -219,9 +219,10 @@ fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
 }
 
 /// Fills `dst` with the first `dst.len()` bytes of `buffer`, memory by memory (no merged
-/// copy of a buffer of several memories). `streaming`: with the core's frame copy (streaming
-/// stores for a large frame), for a slot the producer never reads again; not for a device
-/// ring's host bytes, which the copy to the GPU reads next. Err if `buffer` is shorter or a
+/// copy of a buffer of several memories). `streaming`: with the core's `frame_copy` (streaming
+/// stores for a large frame where this machine copies faster that way), for a slot the
+/// producer never reads again; not for a device ring's host bytes, which the copy to the GPU
+/// reads next. Err if `buffer` is shorter or a
 /// memory cannot be mapped.
 fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8], streaming: bool) -> Result<(), ()> {
     let mut at = 0;

@@ -5,6 +5,10 @@
 //! memcpy), with streaming stores (`frame_copy::copy_frame_with(Way::Streaming, ..)`), and with
 //! the core's `frame_copy`, which learns which of the two is faster for a size on this machine;
 //! rounds rotate the three. Prints µs a copy and a frame (render and copy), and the medians.
+//! What `frame_copy` learns lasts for the process: with the defaults each size's first run
+//! has its 64 copies of warm-up (streaming) and one window of probes, and later rounds copy
+//! the way learnt, probing again every 1024 copies; with `--frames 64` or fewer and one round
+//! it never probes.
 
 use crate::measure::{median, now};
 use crate::num;
