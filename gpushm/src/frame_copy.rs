@@ -291,9 +291,9 @@ mod tests {
         }
     }
 
-    /// Runs one window of [`RECHECK`] copies through `l`, the probes timed at `plain` and
-    /// `streaming` ns a byte; returns the ways of the copies after the probes.
-    fn window(l: &Learnt, plain: u64, streaming: u64) -> Vec<Way> {
+    /// Runs one window of [`RECHECK`] copies through `l`, each timed probe taking `per(way)` ns
+    /// a byte; returns the ways of the copies after the probes.
+    fn window(l: &Learnt, mut per: impl FnMut(Way) -> u64) -> Vec<Way> {
         let mut after = Vec::new();
         for i in 0..RECHECK {
             let (way, timed) = l.next();
@@ -311,11 +311,18 @@ mod tests {
                 after.push(way);
             }
             if timed {
-                let per = if way == Way::Plain { plain } else { streaming };
-                l.record(way, per * 1000, 1000);
+                l.record(way, per(way) * 1000, 1000);
             }
         }
         after
+    }
+
+    /// Every probe of a way taking the same time: `plain` or `streaming` ns a byte.
+    fn ways(plain: u64, streaming: u64) -> impl FnMut(Way) -> u64 {
+        move |w| match w {
+            Way::Plain => plain,
+            Way::Streaming => streaming,
+        }
     }
 
     /// Each window's probes decide the way of the rest of it: the one clearly faster, learnt
@@ -327,37 +334,37 @@ mod tests {
         for _ in 0..WARMUP {
             assert_eq!(l.next(), (Way::Streaming, false), "warming up");
         }
-        let after = window(&l, 1, 2);
+        let after = window(&l, ways(1, 2));
         assert!(after.iter().all(|&w| w == Way::Plain), "plain was faster");
-        let after = window(&l, 3, 2);
+        let after = window(&l, ways(3, 2));
         assert!(
             after.iter().all(|&w| w == Way::Streaming),
             "streaming was faster"
         );
-        let after = window(&l, 0, 0);
+        let after = window(&l, ways(0, 0));
         assert!(
             after.iter().all(|&w| w == Way::Streaming),
             "no timing: kept"
         );
-        let after = window(&l, 0, 2);
+        let after = window(&l, ways(0, 2));
         assert!(
             after.iter().all(|&w| w == Way::Streaming),
             "no plain timing: kept"
         );
-        let after = window(&l, 2, 5);
+        let after = window(&l, ways(2, 5));
         assert!(after.iter().all(|&w| w == Way::Plain), "plain again");
         // Not clearly faster: no switch, either way.
-        let after = window(&l, 100, 95);
+        let after = window(&l, ways(100, 95));
         assert!(
             after.iter().all(|&w| w == Way::Plain),
             "streaming 5 % faster: kept"
         );
-        let after = window(&l, 100, 80);
+        let after = window(&l, ways(100, 80));
         assert!(
             after.iter().all(|&w| w == Way::Streaming),
             "streaming 20 % faster"
         );
-        let after = window(&l, 95, 100);
+        let after = window(&l, ways(95, 100));
         assert!(
             after.iter().all(|&w| w == Way::Streaming),
             "plain 5 % faster: kept"
@@ -373,22 +380,13 @@ mod tests {
             l.next();
         }
         let mut slow_one = true;
-        for _ in 0..PROBE {
-            let (way, timed) = l.next();
-            if !timed {
-                continue;
-            }
-            let per = match way {
-                Way::Plain if std::mem::take(&mut slow_one) => 1000,
-                Way::Plain => 1,
-                Way::Streaming => 2,
-            };
-            l.record(way, per * 1000, 1000);
-        }
-        // The first copy after the probes: the way learnt.
-        assert_eq!(
-            l.next(),
-            (Way::Plain, false),
+        let after = window(&l, |way| match way {
+            Way::Plain if std::mem::take(&mut slow_one) => 1000,
+            Way::Plain => 1,
+            Way::Streaming => 2,
+        });
+        assert!(
+            after.iter().all(|&w| w == Way::Plain),
             "plain was faster but for one probe"
         );
     }

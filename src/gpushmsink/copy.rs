@@ -129,7 +129,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             outref.set_size(buffer.size());
             let mut map = outref.map_writable().map_err(map_failed)?;
-            copy_buffer_into(buffer, &mut map, !device_ring).map_err(|_| {
+            copy_buffer_into(buffer, &mut map, device_ring).map_err(|_| {
                 gst::element_imp_error!(
                     self,
                     gst::ResourceError::Read,
@@ -147,7 +147,7 @@ impl GpuShmSink {
             let outref = out.get_mut().ok_or(gst::FlowError::Error)?;
             let mut map = outref.map_writable().map_err(map_failed)?;
             if let Some(dst) = map.get_mut(..info.size()) {
-                copy_buffer_into(buffer, dst, !device_ring).map_err(|_| {
+                copy_buffer_into(buffer, dst, device_ring).map_err(|_| {
                     gst::element_imp_error!(
                         self,
                         gst::ResourceError::Read,
@@ -219,12 +219,10 @@ fn laid_out_as(buffer: &gst::BufferRef, info: &gst_video::VideoInfo) -> bool {
 }
 
 /// Fills `dst` with the first `dst.len()` bytes of `buffer`, memory by memory (no merged
-/// copy of a buffer of several memories). `streaming`: with the core's `frame_copy` (streaming
-/// stores for a large frame where this machine copies faster that way), for a slot the
-/// producer never reads again; not for a device ring's host bytes, which the copy to the GPU
-/// reads next. Err if `buffer` is shorter or a
-/// memory cannot be mapped.
-fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8], streaming: bool) -> Result<(), ()> {
+/// copy of a buffer of several memories), with the core's `frame_copy`: a slot the producer
+/// never reads again. `device_ring`: plainly instead, the slot's host bytes go on to the GPU,
+/// whose copy reads them next. Err if `buffer` is shorter or a memory cannot be mapped.
+fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8], device_ring: bool) -> Result<(), ()> {
     let mut at = 0;
     for mem in buffer.iter_memories() {
         if at == dst.len() {
@@ -232,9 +230,9 @@ fn copy_buffer_into(buffer: &gst::BufferRef, dst: &mut [u8], streaming: bool) ->
         }
         let map = mem.map_readable().map_err(|_| ())?;
         let n = map.len().min(dst.len() - at);
-        match streaming {
-            true => gpushm::frame_copy::copy_frame(&mut dst[at..at + n], &map[..n]),
-            false => {
+        match device_ring {
+            false => gpushm::frame_copy::copy_frame(&mut dst[at..at + n], &map[..n]),
+            true => {
                 dst[at..at + n].copy_from_slice(&map[..n]);
                 n
             }

@@ -857,17 +857,8 @@ mod tests {
             .unwrap();
         let mut buffer = gst::Buffer::new();
         let b = buffer.get_mut().unwrap();
-        let vm = gst_video::VideoMeta::add_full(
-            b,
-            gst_video::VideoFrameFlags::empty(),
-            info.format(),
-            info.width(),
-            info.height(),
-            info.offset(),
-            info.stride(),
-        )
-        .unwrap()
-        .as_mut_ptr();
+        crate::geometry::add_caps_layout_meta(b, &info).unwrap();
+        let vm = b.meta_mut::<gst_video::VideoMeta>().unwrap().as_mut_ptr();
         for (flags, offsets, strides) in [
             (
                 gst_video::VideoFrameFlags::INTERLACED,

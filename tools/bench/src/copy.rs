@@ -10,7 +10,7 @@
 //! the way learnt, probing again every 1024 copies; with `--frames 64` or fewer and one round
 //! it never probes.
 
-use crate::measure::{median, now};
+use crate::measure::{median, now, FRAME_SIZES};
 use crate::num;
 use gpushm::frame_copy::{copy_frame, copy_frame_with, Way};
 
@@ -30,11 +30,7 @@ pub fn copy(args: &[String]) -> Result<(), String> {
     );
     println!("| round | size | copy | µs a copy | µs a frame (render + copy) |");
     println!("|---|---|---|---|---|");
-    let sizes: [(&str, usize, usize); 3] = [
-        ("720p", 1280, 720),
-        ("1080p", 1920, 1080),
-        ("4K", 3840, 2160),
-    ];
+    let sizes = FRAME_SIZES;
     const WAYS: [&str; 3] = ["memcpy", "streaming", "frame_copy"];
     // [size][way] -> (copy µs, frame µs) per round
     let mut figs = vec![[(); 3].map(|_| (Vec::new(), Vec::new())); sizes.len()];

@@ -2,6 +2,13 @@
 //! What every process measures and prints: the clock, its own CPU time and faults, the
 //! `KEY=value` result lines the orchestrating process reads back, medians and percentiles.
 
+/// The frame sizes the copy benches measure (NV12): name, width, height.
+pub const FRAME_SIZES: [(&str, usize, usize); 3] = [
+    ("720p", 1280, 720),
+    ("1080p", 1920, 1080),
+    ("4K", 3840, 2160),
+];
+
 pub fn now() -> u64 {
     gpushm::monotonic_ns()
 }

@@ -18,7 +18,7 @@
 //! Prints µs a frame and the medians; `DIR/run bench render` measures glibc 2.41's memcpy
 //! (GStreamer 1.26's), `bench render` the host's.
 
-use crate::measure::{median, now};
+use crate::measure::{median, now, FRAME_SIZES};
 use crate::num;
 use std::ops::{Deref, DerefMut};
 
@@ -123,11 +123,7 @@ pub fn render(args: &[String]) -> Result<(), String> {
     );
     println!("| round | size | destination | µs a frame |");
     println!("|---|---|---|---|");
-    let sizes: [(&str, usize, usize); 3] = [
-        ("720p", 1280, 720),
-        ("1080p", 1920, 1080),
-        ("4K", 3840, 2160),
-    ];
+    let sizes = FRAME_SIZES;
     let mut figs = vec![vec![Vec::new(); LAYOUTS.len()]; sizes.len()];
     for (si, &(name, w, h)) in sizes.iter().enumerate() {
         let (luma, size) = (w * h, w * h * 3 / 2);
