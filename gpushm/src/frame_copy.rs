@@ -334,41 +334,22 @@ mod tests {
         for _ in 0..WARMUP {
             assert_eq!(l.next(), (Way::Streaming, false), "warming up");
         }
-        let after = window(&l, ways(1, 2));
-        assert!(after.iter().all(|&w| w == Way::Plain), "plain was faster");
-        let after = window(&l, ways(3, 2));
-        assert!(
-            after.iter().all(|&w| w == Way::Streaming),
-            "streaming was faster"
-        );
-        let after = window(&l, ways(0, 0));
-        assert!(
-            after.iter().all(|&w| w == Way::Streaming),
-            "no timing: kept"
-        );
-        let after = window(&l, ways(0, 2));
-        assert!(
-            after.iter().all(|&w| w == Way::Streaming),
-            "no plain timing: kept"
-        );
-        let after = window(&l, ways(2, 5));
-        assert!(after.iter().all(|&w| w == Way::Plain), "plain again");
-        // Not clearly faster: no switch, either way.
-        let after = window(&l, ways(100, 95));
-        assert!(
-            after.iter().all(|&w| w == Way::Plain),
-            "streaming 5 % faster: kept"
-        );
-        let after = window(&l, ways(100, 80));
-        assert!(
-            after.iter().all(|&w| w == Way::Streaming),
-            "streaming 20 % faster"
-        );
-        let after = window(&l, ways(95, 100));
-        assert!(
-            after.iter().all(|&w| w == Way::Streaming),
-            "plain 5 % faster: kept"
-        );
+        // Each window in turn: ns a byte plain and streaming, the way of the copies after it.
+        let windows = [
+            (1, 2, Way::Plain, "plain was faster"),
+            (3, 2, Way::Streaming, "streaming was faster"),
+            (0, 0, Way::Streaming, "no timing: kept"),
+            (0, 2, Way::Streaming, "no plain timing: kept"),
+            (2, 5, Way::Plain, "plain again"),
+            // Not clearly faster: no switch, either way.
+            (100, 95, Way::Plain, "streaming 5 % faster: kept"),
+            (100, 80, Way::Streaming, "streaming 20 % faster"),
+            (95, 100, Way::Streaming, "plain 5 % faster: kept"),
+        ];
+        for (plain, streaming, expect, why) in windows {
+            let after = window(&l, ways(plain, streaming));
+            assert!(after.iter().all(|&w| w == expect), "{why}");
+        }
     }
 
     /// One probe far slower than the others (preempted, or faulting a slot's pages in) does not
