@@ -26,7 +26,7 @@ pub fn copy(args: &[String]) -> Result<(), String> {
     let frames = num(args, "--frames", 300).max(1) as usize;
     println!(
         "# The copy into a ring slot: memcpy, streaming stores and frame_copy (learning), {} CPUs, {rounds} round(s) of {frames} frames\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        crate::measure::cpus()
     );
     println!("| round | size | copy | µs a copy | µs a frame (render + copy) |");
     println!("|---|---|---|---|---|");

@@ -32,7 +32,7 @@ pub fn orchestrate(plot_path: &str) {
     println!("# gpushm benchmark\n");
     println!(
         "Machine: {} CPUs ({machine}), GStreamer {}.",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        crate::measure::cpus(),
         gst::version_string()
     );
     if !have("unixfdsink") {
@@ -87,7 +87,7 @@ pub fn orchestrate(plot_path: &str) {
     tiny_frames(1, 300);
     let title = format!(
         "gpushm vs shmsink/shmsrc, NV12: {} CPUs ({machine})",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        crate::measure::cpus()
     );
     match plot(&rows, plot_path, &title) {
         Ok(()) => println!("\nPlot: {plot_path}"),

@@ -9,6 +9,11 @@ pub const FRAME_SIZES: [(&str, usize, usize); 3] = [
     ("4K", 3840, 2160),
 ];
 
+/// The CPUs this process may run on, as every bench's heading reports them (0: unknown).
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(0, |n| n.get())
+}
+
 pub fn now() -> u64 {
     gpushm::monotonic_ns()
 }

@@ -119,7 +119,7 @@ pub fn render(args: &[String]) -> Result<(), String> {
     let rounds = num(args, "--rounds", 5).max(1) as usize;
     println!(
         "# Rendering (copying a cached NV12 frame's planes whole) by where the buffer lies, {} CPUs, {rounds} round(s)\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get())
+        crate::measure::cpus()
     );
     println!("| round | size | destination | µs a frame |");
     println!("|---|---|---|---|");

@@ -124,7 +124,7 @@ pub fn throughput(args: &[String]) {
     println!(
         "# Throughput: producer flat out, lossless consumer; GStreamer {}, {} CPUs, {rounds} round(s){}\n",
         gst::version_string(),
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        crate::measure::cpus(),
         match *PIN.lock().unwrap() {
             Some((p, c)) => format!(", producer on CPU {p}, consumer on CPU {c}"),
             None => String::new(),
@@ -172,10 +172,14 @@ pub fn throughput(args: &[String]) {
                     if copy && !copies(t) {
                         continue;
                     }
-                    *OTHER_BUILD.lock().unwrap() = compare.clone().filter(|_| t == COMPARED);
-                    if t == ALIGNED {
-                        std::env::set_var("GPUSHM_BENCH_ALONE_ALIGN", "4096");
-                    }
+                    // The command its processes run: another build, this one with an
+                    // environment (`NAME=value` words alone: see procs::run), or this one.
+                    *OTHER_BUILD.lock().unwrap() = match t {
+                        COMPARED => compare.clone(),
+                        // The producer alone with page-aligned buffers (src/produce.rs).
+                        ALIGNED => Some(vec!["GPUSHM_BENCH_ALONE_ALIGN=4096".to_string()]),
+                        _ => None,
+                    };
                     let r = run(
                         match t {
                             COMPARED => "gpushm",
@@ -189,7 +193,6 @@ pub fn throughput(args: &[String]) {
                         copy,
                         false,
                     );
-                    std::env::remove_var("GPUSHM_BENCH_ALONE_ALIGN");
                     *OTHER_BUILD.lock().unwrap() = None;
                     runs.push((mi, mode, ti, t, r));
                 }
